@@ -1,0 +1,100 @@
+"""Exclusive cpuset leases: never two attempts on one core, cores reserved for the controller.
+
+Pure module (threading only). The pool is built from the CPUs this process may use
+(``os.sched_getaffinity``) minus the reserved ones; each attempt leases ``cores`` of them
+and gives them back when its container is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+
+class SchedulerError(ValueError):
+    """The envelope cannot be scheduled on this machine; the message says what would fit."""
+
+
+def allowed_cpus() -> list[int]:
+    """CPUs this process may run on (honours taskset / container cpusets)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def default_reserved(cpus: list[int]) -> int:
+    """Cores kept for the controller and the host: 1 when the machine has more than one."""
+    return 1 if len(cpus) > 1 else 0
+
+
+@dataclass
+class CpuPool:
+    """A pool of cores leased exclusively to concurrent attempts."""
+
+    cpus: list[int]
+    reserved: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._free = [c for c in self.cpus if c not in self.reserved]
+        self._leased: set[int] = set()
+        self._cv = threading.Condition()
+        self.peak_in_use = 0
+
+    @classmethod
+    def for_host(cls, reserve: int | None = None, cpus: list[int] | None = None) -> "CpuPool":
+        cpus = cpus if cpus is not None else allowed_cpus()
+        n = default_reserved(cpus) if reserve is None else reserve
+        if n < 0 or n >= len(cpus):
+            raise SchedulerError(
+                f"cannot reserve {n} of {len(cpus)} cores for the controller: at least one core must be left for trials"
+            )
+        return cls(cpus=cpus, reserved=cpus[:n])
+
+    @property
+    def size(self) -> int:
+        return len(self.cpus) - len(self.reserved)
+
+    def capacity(self, cores: int) -> int:
+        """How many attempts of ``cores`` cores fit at once."""
+        return self.size // cores
+
+    def concurrency(self, cores: int, requested: int | None = None) -> int:
+        """Concurrency = what fits; a requested value can only lower it."""
+        fit = self.capacity(cores)
+        if fit < 1:
+            raise SchedulerError(
+                f"the envelope needs {cores} exclusive cores but only {self.size} are available for trials "
+                f"({len(self.cpus)} on this machine, {len(self.reserved)} reserved); lower `cores` or --reserve-cores"
+            )
+        if requested is None:
+            return fit
+        if requested < 1:
+            raise SchedulerError("--concurrency must be at least 1")
+        return min(fit, requested)
+
+    def lease(self, cores: int, timeout: float | None = None) -> list[int]:
+        """Block until ``cores`` free cores exist and lease them (lowest numbers first)."""
+        if cores > self.size:
+            raise SchedulerError(f"the envelope needs {cores} cores; only {self.size} are available for trials")
+        with self._cv:
+            ok = self._cv.wait_for(lambda: len(self._free) >= cores, timeout=timeout)
+            if not ok:
+                raise TimeoutError(f"no {cores} free cores within {timeout}s")
+            got = sorted(self._free)[:cores]
+            for c in got:
+                self._free.remove(c)
+                self._leased.add(c)
+            self.peak_in_use = max(self.peak_in_use, len(self._leased))
+            return got
+
+    def release(self, got: list[int]) -> None:
+        with self._cv:
+            for c in got:
+                if c not in self._leased:
+                    raise RuntimeError(f"core {c} released but not leased")
+                self._leased.discard(c)
+                self._free.append(c)
+            self._cv.notify_all()
+
+    def in_use(self) -> int:
+        with self._cv:
+            return len(self._leased)
