@@ -379,9 +379,13 @@ class Sandbox:
             return None
 
     def _procs(self) -> list[int]:
+        """Host pids of every process in the container's cgroup (cgroup.procs, v1 and v2)."""
         if self.paths is None:
             return []
-        return cgroup.read_procs(self.paths)
+        try:
+            return [int(x) for x in Path(self.paths.memory, "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
 
     @staticmethod
     def _children(pid: int) -> list[int]:

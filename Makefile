@@ -1,0 +1,66 @@
+# harness — the two commands of the quick start are `make demo` and `make test`.
+# Everything else is set up on the way: a virtualenv, the Docker engine, the images.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HARNESS := $(VENV)/bin/harness
+SUITE ?= refunds
+PROFILE ?=
+TRIALS ?=
+REQUIRE ?= pass^4>=0.9
+PYTEST_ARGS ?=
+
+.PHONY: help setup venv engine engine-stop images demo test test-fast bench schemas eval gate clean
+
+help:
+	@echo "make demo      set up (venv, engine, images) and run the refunds suite"
+	@echo "make test      set up and run the whole test suite (real containers)"
+	@echo "make bench     overhead and throughput ratios against baselines measured in the same run"
+	@echo "make eval SUITE=refunds [PROFILE=tight] [TRIALS=8]   run a suite"
+	@echo "make gate SUITE=refunds REQUIRE='pass^4>=0.9'         run a suite and gate on it (exit 1 if unmet)"
+	@echo "make engine    make sure a Docker engine answers (installs docker.io, starts dockerd; root)"
+	@echo "make images    build harness/base (offline, mmdebstrap), harness/sandbox and suite images"
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+engine:
+	@bash docker/engine.sh
+
+engine-stop:
+	@bash docker/engine.sh stop
+
+images: venv engine
+	@$(HARNESS) images build
+
+setup: images
+
+demo: setup
+	$(HARNESS) run --suite refunds
+
+test: setup
+	HARNESS_REQUIRE_DOCKER=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not docker" $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m harness.bench
+
+schemas: venv
+	$(PY) -m harness.schemas
+
+eval: setup
+	$(HARNESS) run --suite $(SUITE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(TRIALS),--trials $(TRIALS))
+
+gate: setup
+	@set -o pipefail; run_id=$$($(HARNESS) run --suite $(SUITE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(TRIALS),--trials $(TRIALS)) --json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)["run_id"])') && \
+	$(HARNESS) gate $$run_id $(foreach r,$(REQUIRE),--require '$(r)')
+
+clean:
+	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -1,0 +1,280 @@
+"""CLI commands over suites, runs and the store: run, suites, runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from typing import Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from harness.cli import EXIT_INFRA, EXIT_USAGE, app, console, die, err
+from harness.profile import ProfileError
+
+DB_HELP = "Database URL (SQLAlchemy), default sqlite:///.harness/harness.db or $HARNESS_DB."
+
+
+def open_store(db: str | None, create: bool = True) -> Any:
+    from harness.store import Store, StoreError
+
+    try:
+        return Store.open(db, create=create)
+    except StoreError as e:
+        die(str(e), EXIT_USAGE)
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+@app.command()
+def run(
+    suite: str = typer.Option(..., "--suite", "-s", help="Built-in suite name (see `harness suites`) or path to a suite directory."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Sandbox profile (default: the suite's)."),
+    trials: Optional[int] = typer.Option(None, "--trials", "-n", help="Trials per task (default: the suite's)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: all)."),
+    seed: int = typer.Option(0, "--seed", help="Run seed; each slot's seed derives from it, the task and the trial index."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", "-j", help="At most this many attempts at once (can only lower what fits)."),
+    max_reruns: Optional[int] = typer.Option(None, "--max-reruns", help="Reruns per slot after discarded attempts (default: the suite's)."),
+    reserve_cores: Optional[int] = typer.Option(None, "--reserve-cores", help="Cores kept for the controller (default 1 when the machine has more than one)."),
+    agent_image: Optional[str] = typer.Option(None, "--agent-image", help="Run your agent's image instead of the suite's (build it FROM the suite image)."),
+    agent_cmd: Optional[str] = typer.Option(None, "--agent-cmd", help="Agent command line (shell-quoted), e.g. 'python3 /opt/my/agent.py'."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON summary document instead of tables."),
+    note: str = typer.Option("", "--note", help="Free text stored with the run."),
+) -> None:
+    """Run a suite: every task x trial slot in a fresh pinned container, SLA-judged,
+    discarded attempts rerun, everything stored.
+
+    Examples:
+
+      harness run --suite refunds
+
+      harness run --suite refunds --profile tight --trials 4 --tasks duplicate-charge,partial-refund
+
+      harness run --suite ./my-suite --agent-image my/agent:dev --agent-cmd 'python3 /agent/main.py' --json
+    """
+    from harness.runner import RunError, RunOptions, Runner
+    from harness.sandbox import EngineError
+    from harness.scheduler import SchedulerError
+    from harness.store import StoreError
+    from harness.suite import SuiteError
+    from harness.summary import summarize
+
+    opts = RunOptions(
+        suite=suite,
+        profile=profile,
+        trials=trials,
+        tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
+        seed=seed,
+        concurrency=concurrency,
+        max_reruns=max_reruns,
+        reserve_cores=reserve_cores,
+        agent_image=agent_image,
+        agent_cmd=shlex.split(agent_cmd) if agent_cmd else None,
+        note=note,
+    )
+    try:
+        store_ = None
+        runner = Runner.plan(opts, db=db)
+    except (SuiteError, ProfileError, SchedulerError, RunError, StoreError) as e:
+        die(str(e), EXIT_USAGE)
+    except EngineError as e:
+        die(str(e), EXIT_INFRA)
+    store_ = runner.store
+    r = runner.run
+    if not json_out:
+        err.print(
+            f"run [bold]{r.id}[/]  suite {r.suite} ({len(r.task_ids)} tasks x {r.trials} trials)  profile {r.profile}  "
+            f"concurrency {r.concurrency}  max reruns {r.max_reruns}  image {r.image}",
+            highlight=False,
+        )
+    t0 = time.monotonic()
+    total = len(r.task_ids) * r.trials
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("[green]✓{task.fields[p]}[/] [red]✗{task.fields[f]}[/] [yellow]discarded {task.fields[d]}[/] [dim]unmeasured {task.fields[u]}[/]"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=err,
+        disable=json_out or not err.is_terminal and os.environ.get("HARNESS_PROGRESS") != "1",
+        transient=False,
+    ) as bar:
+        tid = bar.add_task("slots", total=total, p=0, f=0, d=0, u=0)
+        last_print = [0.0]
+
+        def update(prog: Any, row: Any) -> None:
+            bar.update(tid, completed=prog.slots_done, p=prog.passed, f=prog.failed, d=prog.discarded, u=prog.unmeasured)
+            if bar.disable and not json_out:
+                now = time.monotonic()
+                if row is not None and row.verdict == "discarded":
+                    err.print(f"  discarded {row.task_id} trial {row.slot} attempt {row.attempt_no}: {', '.join(row.reasons)}", highlight=False)
+                if now - last_print[0] > 10 or prog.slots_done == total:
+                    last_print[0] = now
+                    err.print(
+                        f"  {prog.slots_done}/{total} slots  ✓{prog.passed} ✗{prog.failed} discarded {prog.discarded} "
+                        f"unmeasured {prog.unmeasured}  {now - t0:.0f}s",
+                        highlight=False,
+                    )
+
+        try:
+            runner.execute(on_update=update)
+        except KeyboardInterrupt:
+            err.print(f"\n[yellow]interrupted[/]: containers of run {r.id} removed; the run is marked interrupted.")
+            raise typer.Exit(130)
+        except StoreError as e:
+            die(str(e), EXIT_INFRA)
+    wall = time.monotonic() - t0
+    summary = summarize(store_.get_run(r.id), store_.attempts(r.id))
+    summary["wall_s"] = round(wall, 1)
+    if json_out:
+        print(json.dumps(summary, indent=2))
+        return
+    print_summary(summary)
+    console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}   per-attempt: harness trials {r.id}[/]")
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    """The per-task ✓/✗ rows and the suite metrics, worst tasks first."""
+    ks = [k for k in s["ks"]]
+    t = Table(title=f"{s['suite']} · profile {s['profile']} · {s['trials']} trials · run {s['run_id']}")
+    t.add_column("task")
+    t.add_column("trials", no_wrap=True)
+    t.add_column("c/n", justify="right")
+    t.add_column("pass@1", justify="right")
+    for k in ks:
+        if k > 1:
+            t.add_column(f"pass@{k}", justify="right")
+    for k in ks:
+        if k > 1:
+            t.add_column(f"pass^{k}", justify="right")
+    t.add_column("failures")
+    rows = sorted(s["tasks"], key=lambda x: (x["metrics"].get("pass@1") if x["metrics"].get("pass@1") is not None else -1, x["task"]))
+    for x in rows:
+        marks = x["marks"].replace("✓", "[green]✓[/]").replace("✗", "[red]✗[/]")
+        fk = ", ".join(f"{k} {v}" for k, v in sorted(x["failure_kinds"].items()))
+        if x["unmeasured"]:
+            fk = (fk + "; " if fk else "") + f"{len(x['unmeasured'])} unmeasured"
+        cells = [x["task"], marks, f"{x['c']}/{x['n']}", _fmt(x["metrics"].get("pass@1"))]
+        cells += [_fmt(x["metrics"].get(f"pass@{k}")) for k in ks if k > 1]
+        cells += [_fmt(x["metrics"].get(f"pass^{k}")) for k in ks if k > 1]
+        cells.append(fk)
+        t.add_row(*cells)
+    console.print(t)
+    m = s["metrics"]
+    parts = [f"pass@1 {_fmt(m.get('pass@1'))}"] + [f"pass@{k} {_fmt(m.get(f'pass@{k}'))}" for k in ks if k > 1]
+    parts += [f"pass^{k} {_fmt(m.get(f'pass^{k}'))}" for k in ks if k > 1]
+    console.print("[bold]suite[/] (mean over tasks): " + "   ".join(parts), highlight=False)
+    a = s["attempts"]
+    line = f"attempts {a['total']}: clean {a['clean']}, discarded {a['discarded']}"
+    if s["discard_reasons"]:
+        line += " (" + ", ".join(f"{k} {v}" for k, v in sorted(s["discard_reasons"].items())) + ")"
+    if s["unmeasured_slots"]:
+        line += f"; [yellow]{s['unmeasured_slots']} unmeasured slots (not scored)[/]"
+    console.print(line, highlight=False)
+    if s.get("excluded"):
+        for key, tasks in s["excluded"].items():
+            console.print(f"[yellow]{key}[/]: {len(tasks)} task(s) with fewer than k clean trials left out: {', '.join(tasks)}")
+
+
+@app.command()
+def suites(
+    name: Optional[str] = typer.Argument(None, help="Show one suite's tasks."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """List the built-in suites, or the tasks of one suite (name or path).
+
+    Examples:
+
+      harness suites
+
+      harness suites refunds
+    """
+    from harness.suite import SuiteError, builtin_suites, load_suite
+
+    try:
+        if name is None:
+            ss = [load_suite(n) for n in builtin_suites()]
+            if json_out:
+                print(json.dumps([{"name": s.name, "description": s.description, "tasks": len(s.tasks), "image": s.image, "trials": s.trials, "k": s.k} for s in ss], indent=2))
+                return
+            t = Table(title="built-in suites")
+            for c in ("suite", "tasks", "trials", "k", "profile", "image", "description"):
+                t.add_column(c)
+            for s in ss:
+                t.add_row(s.name, str(len(s.tasks)), str(s.trials), ",".join(map(str, s.k)), s.profile, s.image, s.description)
+            console.print(t)
+            return
+        s = load_suite(name)
+    except SuiteError as e:
+        die(str(e))
+    if json_out:
+        print(json.dumps({"name": s.name, "tasks": [{"id": t.id, "title": t.title, "tags": list(t.tags)} for t in s.tasks]}, indent=2))
+        return
+    t = Table(title=f"{s.name}: {s.description}")
+    for c in ("task", "title", "tags", "envelope override"):
+        t.add_column(c)
+    for task in s.tasks:
+        ov = task.envelope.model_dump(exclude_none=True) if task.envelope else {}
+        t.add_row(task.id, task.title, ",".join(task.tags), json.dumps(ov) if ov else "")
+    console.print(t)
+
+
+@app.command()
+def runs(
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    limit: int = typer.Option(30, "--limit", help="Most recent N runs."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """List runs with their identity summary (suite hash, image, profile, cgroup version).
+
+    Example:  harness runs --limit 5
+    """
+    from harness.summary import summarize
+
+    store = open_store(db, create=False)
+    out = []
+    for r in store.runs(limit):
+        s = summarize(r, store.attempts(r.id))
+        out.append(
+            {
+                "run_id": r.id,
+                "created_at": r.created_at.isoformat(timespec="seconds"),
+                "status": r.status,
+                "suite": r.suite,
+                "profile": r.profile,
+                "tasks": len(r.task_ids),
+                "trials": r.trials,
+                "sweep_id": r.sweep_id,
+                "identity": s["identity"],
+                "metrics": s["metrics"],
+                "attempts": s["attempts"],
+                "unmeasured_slots": s["unmeasured_slots"],
+            }
+        )
+    if json_out:
+        print(json.dumps(out, indent=2))
+        return
+    t = Table(title="runs (newest first)")
+    for c in ("run", "created", "status", "suite", "profile", "tasks×n", "pass@1", "attempts (discarded)", "identity"):
+        t.add_column(c)
+    for o in out:
+        t.add_row(
+            o["run_id"],
+            o["created_at"].replace("T", " "),
+            o["status"],
+            o["suite"],
+            o["profile"],
+            f"{o['tasks']}×{o['trials']}",
+            _fmt(o["metrics"].get("pass@1")),
+            f"{o['attempts']['total']} ({o['attempts']['discarded']})",
+            f"{o['identity']['identity_hash']} cg{o['identity']['cgroup_version']}",
+        )
+    console.print(t)

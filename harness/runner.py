@@ -1,0 +1,499 @@
+"""``harness run``: plan task x trial slots, run attempts on exclusive cpusets, judge, store.
+
+Data flow (see DESIGN.md): suite + profile -> plan (slots, seeds) -> scheduler (cpuset
+leases) -> sandbox (fresh container per attempt) + monitor -> grader (final state vs
+fixture) -> SLA judge (clean | discarded, rerun the slot up to max_reruns) -> store.
+
+An attempt never raises: whatever happens becomes an AttemptRow, persisted in a
+``finally``. Engine errors are ``infra_error`` (discarded, rerun like any host breach).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import queue
+import secrets
+import shutil
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import docker
+
+import harness
+from harness import hoststats
+from harness.counters import CounterDelta, HostDelta
+from harness.grader import build_state, grade
+from harness.profile import Profile, load_profile
+from harness.sandbox import LABEL_ATTEMPT, LABEL_RUN, INPUT_DIR, Monitor, Sandbox, SandboxError, connect, sweep_containers
+from harness.scheduler import CpuPool
+from harness.sla import judge
+from harness.store import AttemptRow, RunRow, Store, utcnow
+from harness.suite import Suite, Task, load_suite
+
+STATE_FILE = "state.db"
+TRANSCRIPT_FILE = "transcript.jsonl"
+_SETUP = (
+    "import sqlite3\n"
+    f"c = sqlite3.connect('/work/{STATE_FILE}')\n"
+    f"c.executescript(open('{INPUT_DIR}/fixture.sql').read())\n"
+    "c.commit(); c.close()\n"
+)
+
+
+class RunError(RuntimeError):
+    """A run cannot start (bad options, missing image, engine down); one clear line."""
+
+
+def slot_seed(run_seed: int, task_id: str, slot: int) -> int:
+    """The seed of a slot: depends on the run seed, task and trial index only, so a rerun
+    of the slot and the same slot under another profile see the same seed."""
+    h = hashlib.sha256(f"{run_seed}:{task_id}:{slot}".encode()).hexdigest()
+    return int(h[:8], 16) & 0x7FFFFFFF
+
+
+def new_run_id() -> str:
+    return dt.datetime.now().strftime("r%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+@dataclass
+class RunOptions:
+    """Everything ``harness run`` can set; None means "the suite's default"."""
+
+    suite: str
+    profile: str | None = None
+    trials: int | None = None
+    tasks: list[str] | None = None
+    seed: int = 0
+    concurrency: int | None = None
+    max_reruns: int | None = None
+    reserve_cores: int | None = None
+    agent_image: str | None = None
+    agent_cmd: list[str] | None = None
+    sweep_id: str | None = None
+    note: str = ""
+
+
+@dataclass
+class SlotState:
+    task: Task
+    slot: int
+    seed: int
+    attempts: int = 0
+    done: bool = False
+    envelope_breaches: int = 0
+
+
+@dataclass
+class Progress:
+    """Counts the progress bar shows."""
+
+    total_slots: int
+    passed: int = 0
+    failed: int = 0
+    discarded: int = 0
+    unmeasured: int = 0
+    attempts: int = 0
+
+    @property
+    def slots_done(self) -> int:
+        return self.passed + self.failed + self.unmeasured
+
+
+def image_identity(client: docker.DockerClient, image: str) -> tuple[str, str]:
+    """(image id, digest-ish string) of a local image, or raise RunError with the fix."""
+    try:
+        img = client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise RunError(f"image {image} not found; build it with `make images` (or `harness images build`)") from None
+    digests = img.attrs.get("RepoDigests") or []
+    return img.id, (digests[0] if digests else img.id)
+
+
+def identity_hash(run: RunRow) -> str:
+    """What makes two runs comparable: suite content, image, envelope, harness, cgroup version."""
+    key = json.dumps(
+        [run.suite_hash, run.image_digest, run.profile_json, run.harness_version, run.cgroup_version, run.agent_cmd],
+        sort_keys=True,
+    )
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class Runner:
+    """Executes one run. Build with ``Runner.plan``; call ``execute``."""
+
+    def __init__(self, store: Store, run: RunRow, suite: Suite, profile: Profile, tasks: list[Task], client: docker.DockerClient, pool: CpuPool):
+        self.store = store
+        self.run = run
+        self.suite = suite
+        self.profile = profile
+        self.tasks = tasks
+        self.client = client
+        self.pool = pool
+        self.artifacts = Path(run.artifacts_dir)
+        self._fixture_cache: dict[str, Path] = {}
+        self._fixture_lock = threading.Lock()
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # -- planning --------------------------------------------------------------
+    @classmethod
+    def plan(cls, opts: RunOptions, db: str | None = None, client: docker.DockerClient | None = None, store: Store | None = None) -> "Runner":
+        """Validate everything (suite, profile, envelope vs cores, image present) before the
+        store is opened, so bad input writes nothing; then open the store and build the run."""
+        suite = load_suite(opts.suite)
+        profile = load_profile(opts.profile or suite.profile)
+        trials = opts.trials if opts.trials is not None else suite.trials
+        if trials < 1:
+            raise RunError(f"--trials must be at least 1 (got {trials})")
+        # k is fixed by the suite before the run; --trials below a k drops that k (said in the report)
+        ks = [k for k in suite.k if k <= trials] or [1]
+        max_reruns = opts.max_reruns if opts.max_reruns is not None else suite.max_reruns
+        if max_reruns < 0:
+            raise RunError("--max-reruns must be >= 0")
+        by_id = {t.id: t for t in suite.tasks}
+        if opts.tasks:
+            unknown = [t for t in opts.tasks if t not in by_id]
+            if unknown:
+                raise RunError(f"suite {suite.name} has no task {', '.join(unknown)}; see `harness suites {suite.name}`")
+            tasks = [by_id[t] for t in opts.tasks]
+        else:
+            tasks = list(suite.tasks)
+        pool = CpuPool.for_host(reserve=opts.reserve_cores)
+        for t in tasks:  # validate every task's envelope before anything is written
+            eff = profile.with_override(t.envelope)
+            pool.concurrency(eff.cores, None)
+        concurrency = pool.concurrency(max(profile.with_override(t.envelope).cores for t in tasks), opts.concurrency)
+        client = client or connect()
+        image = opts.agent_image or suite.image
+        image_id, digest = image_identity(client, image)
+        facts = hoststats.host_facts()
+        store = store or Store.open(db)
+        run_id = new_run_id()
+        artifacts = store.artifacts_root() / run_id
+        run = RunRow(
+            id=run_id,
+            status="running",
+            suite=suite.name,
+            suite_hash=suite.content_hash(),
+            suite_path=str(suite.root),
+            image=image,
+            image_digest=digest,
+            agent_cmd=list(opts.agent_cmd or suite.agent_cmd),
+            profile=profile.name,
+            profile_json=profile.model_dump(mode="json"),
+            harness_version=harness.__version__,
+            host=facts,
+            cgroup_version=str(facts.get("cgroup_version", "")),
+            trials=trials,
+            ks=ks,
+            max_reruns=max_reruns,
+            seed=opts.seed,
+            concurrency=concurrency,
+            task_ids=[t.id for t in tasks],
+            sweep_id=opts.sweep_id,
+            artifacts_dir=str(artifacts.resolve()),
+            note=opts.note,
+        )
+        run.identity_hash = identity_hash(run)
+        return cls(store, run, suite, profile, tasks, client, pool)
+
+    # -- execution -------------------------------------------------------------
+    def execute(self, on_update: Callable[[Progress, AttemptRow | None], None] | None = None) -> Progress:
+        """Run every slot to a clean attempt or to unmeasured. Ctrl-C removes the run's
+        containers and marks the run interrupted."""
+        self.store.add_run(self.run)
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        # containers of a dead controller are leftovers: remove them before leasing cores
+        sweep_containers(self.client, only_dead_owners=True)
+        slots: "queue.Queue[SlotState]" = queue.Queue()
+        for task in self.tasks:
+            for i in range(self.run.trials):
+                slots.put(SlotState(task=task, slot=i, seed=slot_seed(self.run.seed, task.id, i)))
+        prog = Progress(total_slots=slots.qsize())
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            while not self._stop.is_set():
+                try:
+                    st = slots.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    row = self._run_slot_attempt(st)
+                except BaseException as e:  # a bug in the controller: stop the run, keep the data
+                    errors.append(e)
+                    self._stop.set()
+                    return
+                with lock:
+                    prog.attempts += 1
+                    if row.verdict == "clean":
+                        st.done = True
+                        if row.outcome == "pass":
+                            prog.passed += 1
+                        else:
+                            prog.failed += 1
+                    else:
+                        prog.discarded += 1
+                        if row.reasons and all(r in ("cpu_throttled", "memory_pressure") for r in row.reasons):
+                            st.envelope_breaches += 1
+                        if st.attempts > self.run.max_reruns:
+                            prog.unmeasured += 1
+                        else:
+                            slots.put(st)
+                    if on_update:
+                        on_update(prog, row)
+
+        threads = [threading.Thread(target=worker, name=f"harness-worker-{i}", daemon=True) for i in range(self.run.concurrency)]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.2)
+        except KeyboardInterrupt:
+            self._stop.set()
+            from harness.sandbox import remove_all_live
+
+            remove_all_live()
+            sweep_containers(self.client, run_id=self.run.id)
+            self.store.set_run_status(self.run.id, "interrupted")
+            raise
+        if errors:
+            self.store.set_run_status(self.run.id, "failed")
+            raise errors[0]
+        self.store.set_run_status(self.run.id, "complete")
+        return prog
+
+    def _fixture_db(self, task: Task) -> Path:
+        with self._fixture_lock:
+            if task.id not in self._fixture_cache:
+                p = self.artifacts / task.id / "fixture.db"
+                p.parent.mkdir(parents=True, exist_ok=True)
+                if p.exists():
+                    p.unlink()
+                build_state(self.suite.fixture_sql(task), p)
+                self._fixture_cache[task.id] = p
+            return self._fixture_cache[task.id]
+
+    def _run_slot_attempt(self, st: SlotState) -> AttemptRow:
+        st.attempts += 1
+        profile = self.profile.with_override(st.task.envelope)
+        cpuset = self.pool.lease(profile.cores)
+        with self._inflight_lock:
+            self._inflight += 1
+            beside = self._inflight
+        try:
+            row, samples = run_attempt(
+                client=self.client,
+                run=self.run,
+                suite=self.suite,
+                task=st.task,
+                profile=profile,
+                slot=st.slot,
+                attempt_no=st.attempts,
+                seed=st.seed,
+                cpuset=cpuset,
+                concurrent=beside,
+                fixture_db=self._fixture_db(st.task),
+                artifacts=self.artifacts / st.task.id / f"slot{st.slot}-attempt{st.attempts}",
+            )
+        finally:
+            with self._inflight_lock:
+                self._inflight -= 1
+            self.pool.release(cpuset)
+        if row.verdict == "discarded" and st.attempts > self.run.max_reruns:
+            envelope_only = row.reasons and all(r in ("cpu_throttled", "memory_pressure") for r in row.reasons)
+            note = (
+                f"slot unmeasured after {st.attempts} attempts: the envelope is too small for task {st.task.id}"
+                if envelope_only
+                else f"slot unmeasured after {st.attempts} attempts (rerun budget {self.run.max_reruns} spent)"
+            )
+            row.error = (row.error + "; " if row.error else "") + note
+        self.store.add_attempt(row, samples)
+        return row
+
+
+def run_attempt(
+    client: docker.DockerClient,
+    run: RunRow,
+    suite: Suite,
+    task: Task,
+    profile: Profile,
+    slot: int,
+    attempt_no: int,
+    seed: int,
+    cpuset: list[int],
+    concurrent: int,
+    fixture_db: Path,
+    artifacts: Path,
+) -> tuple[AttemptRow, list[dict]]:
+    """One attempt of one slot in a fresh container. Never raises: failures become the record."""
+    started = utcnow()
+    t_start = time.monotonic()
+    row = AttemptRow(
+        run_id=run.id,
+        task_id=task.id,
+        slot=slot,
+        attempt_no=attempt_no,
+        seed=seed,
+        verdict="discarded",
+        reasons=[],
+        rules=[],
+        cpuset=",".join(map(str, cpuset)),
+        concurrent=concurrent,
+        image=run.image,
+        envelope=profile.model_dump(mode="json"),
+        started_at=started,
+        artifacts=str(artifacts),
+    )
+    samples: list[dict] = []
+    infra: str | None = None
+    counters: CounterDelta | None = None
+    host: HostDelta | None = None
+    mismatches: list[str] = []
+    exec_res = None
+    files: dict[str, bytes] = {}
+    sb = Sandbox(
+        client,
+        run.image,
+        profile,
+        cpuset,
+        labels={LABEL_RUN: run.id, LABEL_ATTEMPT: f"{task.id}/{slot}/{attempt_no}"},
+        inputs={"fixture.sql": suite.fixture_sql(task).encode(), "prompt.txt": task.prompt.encode()},
+    )
+    try:
+        artifacts.mkdir(parents=True, exist_ok=True)
+        try:
+            sb.start()
+        except SandboxError as e:
+            infra = str(e)
+            return row, samples
+        row.container = sb.name
+        if sb.envelope is not None:
+            mismatches = list(sb.envelope.mismatches)
+            row.envelope_applied = sb.envelope.applied.model_dump(mode="json") if sb.envelope.applied else {}
+            applied = sb.envelope.applied
+            if applied is not None:
+                row.memory_max, row.pids_max = applied.memory_max, applied.pids_max
+        setup = sb.exec(["python3", "-c", _SETUP], timeout=profile.timeouts.setup)
+        row.setup_wall_s = setup.wall_s
+        if setup.exit_code != 0:
+            infra = (
+                f"setup failed (exit {setup.exit_code}{', timed out' if setup.timed_out else ''}): "
+                f"{(setup.stderr or setup.stdout).strip().splitlines()[-1:] or ''}"
+            )
+            return row, samples
+        env = {
+            **suite.agent_env,
+            "HARNESS_SEED": str(seed),
+            "HARNESS_TASK_ID": task.id,
+            "HARNESS_TRIAL": str(slot),
+            "HARNESS_ATTEMPT": str(attempt_no),
+            "HARNESS_RUN_ID": run.id,
+            "HARNESS_PROMPT_FILE": f"{INPUT_DIR}/prompt.txt",
+            "HARNESS_STATE": f"/work/{STATE_FILE}",
+            "HARNESS_TRANSCRIPT": f"/work/{TRANSCRIPT_FILE}",
+            "HARNESS_WORKDIR": "/work",
+            "HOME": "/work",
+        }
+        t0 = time.monotonic()
+        host0 = hoststats.read_host_snapshot(t0)
+        cg0 = sb.snapshot()
+        mon = None
+        if cg0 is not None:
+            mon = Monitor(sb._reader.read, cpuset, profile.sample_hz)
+            mon.start(t0, host0, cg0)
+        exec_res = sb.exec(list(run.agent_cmd), timeout=profile.timeouts.agent, env=env, workdir="/work")
+        if mon:
+            mon.stop()
+        # exact end readings before anything else touches the container
+        cg1 = sb.snapshot()
+        host1 = hoststats.read_host_snapshot(time.monotonic())
+        if cg0 is not None and cg1 is not None:
+            counters = CounterDelta.between(cg0, cg1, mon.pids_peak if mon else None)
+            host = HostDelta.between(host0, host1, cpuset, counters.cpu_usage_us, mon.mem_available_min if mon else None)
+        if mon:
+            samples = [s.model_dump() for s in mon.samples]
+        if exec_res.exit_code is None and not exec_res.timed_out:
+            infra = f"agent exec failed: {exec_res.stderr.strip()[-300:]}"
+            return row, samples
+        # orphans the agent left behind must not touch the state while it is copied out
+        sb.kill_tree()
+        files, problems = sb.export([STATE_FILE, TRANSCRIPT_FILE], timeout=profile.timeouts.grade)
+        if problems:
+            row.error = "; ".join(problems)
+    except Exception as e:  # engine went away mid-attempt, etc.
+        infra = f"{type(e).__name__}: {str(e)[:300]}"
+        row.error = (row.error or "") + traceback.format_exc(limit=3)[-1500:]
+    finally:
+        sb.remove()
+        _finish(row, task, profile, exec_res, counters, host, mismatches, infra, files, fixture_db, artifacts, t_start)
+    return row, samples
+
+
+def _finish(row, task, profile, exec_res, counters, host, mismatches, infra, files, fixture_db, artifacts, t_start) -> None:
+    """Grade, judge and fill the record (runs in the attempt's ``finally``)."""
+    try:
+        row.finished_at = utcnow()
+        row.wall_s = round(time.monotonic() - t_start, 4)
+        if exec_res is not None:
+            row.exit_code = exec_res.exit_code
+            row.timed_out = exec_res.timed_out
+            row.agent_wall_s = exec_res.wall_s
+            row.terminated_cleanly = exec_res.exit_code == 0 and not exec_res.timed_out
+            (artifacts / "stdout.txt").write_text(exec_res.stdout)
+            (artifacts / "stderr.txt").write_text(exec_res.stderr)
+        for name, data in files.items():
+            (artifacts / name).write_bytes(data)
+        if counters is not None:
+            for k in (
+                "cpu_usage_us nr_periods nr_throttled throttled_us throttled_share memory_peak memory_limit_hits "
+                "memory_high_events oom_kills pids_peak pids_limit_hits psi_cpu_some_us psi_memory_some_us psi_io_some_us"
+            ).split():
+                setattr(row, k, getattr(counters, k))
+            row.counters = counters.model_dump(mode="json")
+        if host is not None:
+            row.foreign_cpu_share = host.foreign_cpu_share
+            row.steal_share = host.steal_share
+            row.host_psi_cpu = host.psi_cpu_some_share
+            row.host_psi_memory = host.psi_memory_some_share
+            row.host_psi_io = host.psi_io_some_share
+            row.mem_available_min = host.mem_available_min
+            row.host_counters = host.model_dump(mode="json")
+        j = judge(profile.sla, host, counters, mismatches, infra_error=infra)
+        row.verdict = j.verdict
+        row.reasons = j.reasons
+        row.rules = [r.model_dump(mode="json") for r in j.rules]
+        if infra:
+            row.error = (row.error + "; " if row.error else "") + infra
+            return
+        final = artifacts / STATE_FILE if STATE_FILE in files else None
+        g = grade(task, fixture_db, final)
+        row.grade_reason = g.reason
+        row.grade_checks = [c.model_dump(mode="json") if hasattr(c, "model_dump") else dict(c) for c in g.checks]
+        row.state_diff = g.diff.model_dump(mode="json") if hasattr(g.diff, "model_dump") else {}
+        oom = bool(counters and (counters.oom_kills or 0) > 0)
+        if oom:
+            row.outcome, row.failure_kind = "fail", "oom_killed"
+        elif row.timed_out:
+            row.outcome, row.failure_kind = "fail", "timeout"
+        elif not g.passed:
+            row.outcome = "fail"
+            row.failure_kind = "wrong_state" if row.exit_code == 0 else "crashed"
+        else:
+            row.outcome, row.failure_kind = "pass", None
+        if row.failure_kind in ("oom_killed", "timeout") and not row.grade_reason:
+            row.grade_reason = "agent killed before finishing" if oom or row.timed_out else None
+    except Exception as e:  # never lose the attempt because grading broke
+        row.verdict = "discarded"
+        row.reasons = list(row.reasons or []) + ["infra_error"]
+        row.error = (row.error or "") + f"; grading failed: {type(e).__name__}: {e}"

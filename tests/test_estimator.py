@@ -1,0 +1,524 @@
+"""Tests for harness.estimator: brute force, published worked examples, scipy cross-checks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from fractions import Fraction
+
+import pytest
+from pydantic import ValidationError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import estimator as est
+from harness.estimator import (
+    TaskOutcomes,
+    buckets,
+    clopper_pearson_interval,
+    cluster_bootstrap,
+    clustered_se_pass1,
+    compare_runs,
+    drift_test,
+    overdispersion_test,
+    pass_at_k,
+    pass_at_k_exact,
+    pass_hat_k,
+    pass_hat_k_exact,
+    suite_metrics,
+    tasks_needed_paired,
+    trials_needed,
+    wilson_interval,
+)
+
+
+def T(task_id: str, marks: str) -> TaskOutcomes:
+    """TaskOutcomes from a string of ✓ (pass) and ✗ (fail)."""
+    assert set(marks) <= {"✓", "✗"}
+    return TaskOutcomes(task_id=task_id, trials=[m == "✓" for m in marks])
+
+
+def counts(task_id: str, n: int, c: int) -> TaskOutcomes:
+    return TaskOutcomes(task_id=task_id, trials=[True] * c + [False] * (n - c))
+
+
+WORKED = [T("t1", "✓✓✓✓✓"), T("t2", "✓✓✓✓✗"), T("t3", "✓✗✓✗✓"), T("t4", "✗✗✓✗✗")]
+
+
+# --------------------------------------------------------------------------- per-task estimators
+
+
+def test_brute_force_over_all_k_subsets():
+    """Every n <= 10, every c, every k <= n: the estimators equal the share of k-subsets of a
+    concrete success vector with at least one pass (pass@k) / only passes (pass^k)."""
+    rng = random.Random(1)
+    for n in range(1, 11):
+        for c in range(n + 1):
+            vec = [True] * c + [False] * (n - c)
+            rng.shuffle(vec)
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(vec, k))
+                any_pass = Fraction(sum(any(s) for s in subsets), len(subsets))
+                all_pass = Fraction(sum(all(s) for s in subsets), len(subsets))
+                assert pass_at_k_exact(n, c, k) == any_pass, (n, c, k)
+                assert pass_hat_k_exact(n, c, k) == all_pass, (n, c, k)
+                assert pass_at_k(n, c, k) == pytest.approx(float(any_pass), abs=1e-12), (n, c, k)
+                assert pass_hat_k(n, c, k) == pytest.approx(float(all_pass), abs=1e-12), (n, c, k)
+
+
+def test_published_example_n8_c6():
+    assert pass_at_k(8, 6, 4) == 1.0
+    assert pass_at_k_exact(8, 6, 4) == 1
+    assert pass_hat_k_exact(8, 6, 4) == Fraction(15, 70)
+    assert pass_hat_k(8, 6, 4) == pytest.approx(15 / 70, abs=1e-15)
+    assert pass_hat_k(8, 6, 8) == 0.0
+    assert pass_hat_k_exact(8, 6, 8) == 0
+
+
+def test_exact_edges():
+    assert pass_at_k(10, 0, 3) == 0.0 and pass_hat_k(10, 0, 3) == 0.0
+    assert pass_at_k(10, 10, 3) == 1.0 and pass_hat_k(10, 10, 3) == 1.0
+    assert pass_at_k(10, 8, 3) == 1.0  # n - c = 2 < k
+    assert pass_hat_k(10, 2, 3) == 0.0  # c < k
+    assert pass_at_k(7, 3, 1) == pass_hat_k(7, 3, 1) == 3 / 7
+
+
+@pytest.mark.parametrize("p", [Fraction(1, 10), Fraction(1, 3), Fraction(1, 2), Fraction(9, 10)])
+@pytest.mark.parametrize("n,k", [(1, 1), (5, 2), (8, 4), (10, 10), (12, 5)])
+def test_unbiased(p, n, k):
+    """Over the binomial distribution of c, E[pass@k] = 1-(1-p)^k and E[pass^k] = p^k."""
+    pmf = [math.comb(n, c) * p**c * (1 - p) ** (n - c) for c in range(n + 1)]
+    assert sum(w * pass_at_k_exact(n, c, k) for c, w in enumerate(pmf)) == 1 - (1 - p) ** k
+    assert sum(w * pass_hat_k_exact(n, c, k) for c, w in enumerate(pmf)) == p**k
+    fpmf = [float(w) for w in pmf]
+    assert math.fsum(w * pass_at_k(n, c, k) for c, w in enumerate(fpmf)) == pytest.approx(
+        float(1 - (1 - p) ** k), abs=1e-12
+    )
+    assert math.fsum(w * pass_hat_k(n, c, k) for c, w in enumerate(fpmf)) == pytest.approx(
+        float(p**k), abs=1e-12
+    )
+
+
+@pytest.mark.parametrize(
+    "n,c,k",
+    [
+        (10**6, 1, 1000),
+        (10**6, 10, 5),
+        (10**6, 999_990, 7),
+        (10**6, 500_000, 20),
+        (10**6, 3, 999_998),
+        (10**6, 999_000, 2000),
+    ],
+)
+def test_stable_at_a_million(n, c, k):
+    a, h = pass_at_k(n, c, k), pass_hat_k(n, c, k)
+    assert 0.0 <= a <= 1.0 and 0.0 <= h <= 1.0
+    assert math.isfinite(a) and math.isfinite(h)
+    if k <= 2000:
+        assert a == pytest.approx(float(pass_at_k_exact(n, c, k)), rel=1e-9, abs=1e-300)
+        assert h == pytest.approx(float(pass_hat_k_exact(n, c, k)), rel=1e-9, abs=1e-300)
+
+
+def test_million_extreme_cases_fast_and_bounded():
+    t0 = time.perf_counter()
+    for n, c, k in [(10**6, 500_000, 500_000), (10**6, 10**6 - 1, 10**6 - 1), (10**6, 1, 10**6)]:
+        for f in (pass_at_k, pass_hat_k):
+            v = f(n, c, k)
+            assert 0.0 <= v <= 1.0
+    assert pass_hat_k(10**6, 10**6 - 1, 10**6 - 1) == pytest.approx(1e-6, rel=1e-9)
+    assert pass_at_k(10**6, 1, 10**6) == 1.0
+    assert time.perf_counter() - t0 < 5
+
+
+def test_small_pass_at_k_keeps_precision():
+    # 1 - ratio with ratio ~ 1: computed with expm1, so tiny values keep relative precision.
+    exact = float(pass_at_k_exact(10**6, 1, 2))
+    assert pass_at_k(10**6, 1, 2) == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        ((3, 1, 5), "n=3 clean trials < k=5"),
+        ((5, 1, 0), "k=0"),
+        ((5, 1, -2), "k=-2"),
+        ((0, 0, 1), "n=0"),
+        ((-1, 0, 1), "n=-1"),
+        ((5, 6, 1), "c=6"),
+        ((5, -1, 1), "c=-1"),
+        ((5.0, 1, 1), "n must be an integer"),
+        ((5, 1.5, 1), "c must be an integer"),
+        ((5, 1, True), "k must be an integer"),
+        ((True, True, True), "n must be an integer"),
+        (("5", 1, 1), "n must be an integer"),
+        ((5, None, 1), "c must be an integer"),
+    ],
+)
+@pytest.mark.parametrize("f", [pass_at_k, pass_hat_k, pass_at_k_exact, pass_hat_k_exact])
+def test_value_errors(f, args, fragment):
+    with pytest.raises(ValueError) as err:
+        f(*args)
+    assert fragment in str(err.value)
+    assert f.__name__ in str(err.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-5, 300), st.integers(-5, 300), st.integers(-5, 300))
+def test_property_validation(n, c, k):
+    for f in (pass_at_k, pass_hat_k):
+        try:
+            v = f(n, c, k)
+        except ValueError:
+            assert n < 1 or k < 1 or not 0 <= c <= n or n < k
+        else:
+            assert 0.0 <= v <= 1.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5000).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_property_ordering(nck):
+    n, c, k = nck
+    assert pass_hat_k(n, c, k) <= c / n <= pass_at_k(n, c, k)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True), st.booleans(), st.text(max_size=3), st.none()))
+def test_property_non_integers_rejected(bad):
+    for args in [(bad, 1, 1), (5, bad, 1), (5, 1, bad)]:
+        with pytest.raises(ValueError):
+            pass_at_k(*args)
+        with pytest.raises(ValueError):
+            pass_hat_k(*args)
+
+
+# --------------------------------------------------------------------------- suite
+
+
+def test_suite_worked_example():
+    m = suite_metrics(WORKED, ks=[1, 5])
+    assert m.pass1 == pytest.approx(0.65)
+    assert m.by_k[5].pass_at_k == pytest.approx(1.0)
+    assert m.by_k[5].pass_hat_k == pytest.approx(0.25)
+    assert m.by_k[5].excluded == []
+    assert m.by_k[5].naive_pass_hat_k == pytest.approx(0.65**5)
+    assert m.by_k[5].naive_pass_at_k == pytest.approx(1 - 0.35**5)
+    assert m.by_k[1].pass_at_k == m.by_k[1].pass_hat_k == pytest.approx(0.65)
+    assert [t.pass_hat_k[5] for t in m.per_task] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_suite_each_task_own_n_and_exclusions():
+    tasks = [counts("a", 10, 7), counts("b", 3, 3), counts("c", 0, 0), counts("d", 4, 1)]
+    m = suite_metrics(tasks, ks=[4, 1])
+    assert list(m.by_k) == [1, 4]
+    assert m.unmeasured == ["c"]
+    assert m.pass1 == pytest.approx((0.7 + 1 + 0.25) / 3)
+    k4 = m.by_k[4]
+    assert k4.excluded == ["b", "c"]
+    assert k4.n_tasks == 2
+    assert k4.pass_hat_k == pytest.approx((float(pass_hat_k_exact(10, 7, 4)) + 0) / 2)
+    assert k4.pass_at_k == pytest.approx((float(pass_at_k_exact(10, 7, 4)) + 1.0) / 2)
+    assert m.per_task[1].pass_hat_k[4] is None
+    m_none = suite_metrics([counts("x", 2, 1)], ks=[3])
+    assert m_none.by_k[3].pass_hat_k is None and m_none.by_k[3].excluded == ["x"]
+
+
+def test_suite_input_errors():
+    with pytest.raises(ValueError, match="appears twice"):
+        suite_metrics([counts("a", 2, 1), counts("a", 3, 1)], ks=[1])
+    with pytest.raises(ValueError, match="k=0"):
+        suite_metrics([counts("a", 2, 1)], ks=[0])
+    with pytest.raises(ValueError, match="ks is empty"):
+        suite_metrics([counts("a", 2, 1)], ks=[])
+
+
+def test_task_outcomes_rejects_non_bools():
+    with pytest.raises(ValidationError):
+        TaskOutcomes(task_id="a", trials=[1, 0])
+    with pytest.raises(ValidationError):
+        TaskOutcomes(task_id="a", trials=["yes"])
+
+
+def test_buckets():
+    b = buckets(WORKED + [T("t5", "✗✗"), TaskOutcomes(task_id="t6", trials=[])])
+    assert b.always == ["t1"]
+    assert b.sometimes == ["t2", "t3", "t4"]
+    assert b.never == ["t5"]
+    assert b.unmeasured == ["t6"]
+
+
+# --------------------------------------------------------------------------- intervals
+
+
+def test_wilson_reference_values():
+    lo, hi = wilson_interval(10, 10)
+    assert lo == pytest.approx(0.7225, abs=5e-5) and hi == 1.0
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=5e-5)
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(1 - hi)
+
+
+def test_wilson_matches_textbook_formula():
+    stats = pytest.importorskip("scipy.stats")
+    z = stats.norm.ppf(0.95)
+    for c, n in [(3, 7), (1, 20), (19, 20), (50, 100)]:
+        p = c / n
+        center = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        lo, hi = wilson_interval(c, n, conf=0.90)
+        assert lo == pytest.approx(center - half, abs=1e-12)
+        assert hi == pytest.approx(center + half, abs=1e-12)
+
+
+def test_clopper_pearson_vs_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    cases = [(c, n) for n in (1, 2, 5, 10, 30) for c in range(n + 1)]
+    cases += [(1, 1000), (999, 1000), (500, 1000), (3, 100_000), (17, 250)]
+    for conf in (0.95, 0.8):
+        a2 = (1 - conf) / 2
+        for c, n in cases:
+            lo, hi = clopper_pearson_interval(c, n, conf)
+            ref_lo = 0.0 if c == 0 else stats.beta.ppf(a2, c, n - c + 1)
+            ref_hi = 1.0 if c == n else stats.beta.ppf(1 - a2, c + 1, n - c)
+            assert lo == pytest.approx(ref_lo, rel=1e-8, abs=1e-14), (c, n, conf)
+            assert hi == pytest.approx(ref_hi, rel=1e-8, abs=1e-14), (c, n, conf)
+            assert lo <= c / n <= hi
+
+
+def test_special_functions_vs_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for p in (1e-300, 1e-10, 0.001, 0.025, 0.3, 0.5, 0.8, 0.975, 1 - 1e-12):
+        assert est.normal_ppf(p) == pytest.approx(stats.norm.ppf(p), rel=1e-12, abs=1e-15)
+    for x, a, b in [(0.3, 2, 5), (0.9, 0.5, 0.5), (0.01, 50, 3), (0.5, 200, 180)]:
+        assert est.beta_cdf(x, a, b) == pytest.approx(stats.beta.cdf(x, a, b), rel=1e-10)
+    for x, df in [(0.5, 1), (3.84, 1), (12.0, 5), (80.0, 40), (300.0, 200), (1e-4, 3)]:
+        assert est.chi2_sf(x, df) == pytest.approx(stats.chi2.sf(x, df), rel=1e-9)
+
+
+def test_interval_errors():
+    with pytest.raises(ValueError, match="n=0"):
+        wilson_interval(0, 0)
+    with pytest.raises(ValueError, match="c=11"):
+        clopper_pearson_interval(11, 10)
+    with pytest.raises(ValueError, match="conf"):
+        wilson_interval(1, 10, conf=1.5)
+
+
+def test_cluster_bootstrap_reproducible_and_sane():
+    rng = random.Random(7)
+    tasks = [
+        TaskOutcomes(task_id=f"t{i}", trials=[rng.random() < p for _ in range(6)])
+        for i, p in enumerate([0.1, 0.5, 0.9, 1.0, 0.0, 0.7] * 5)
+    ]
+    r1 = cluster_bootstrap(tasks, "pass^k", 4, n_boot=500, seed=3)
+    r2 = cluster_bootstrap(tasks, "pass^k", 4, n_boot=500, seed=3)
+    r3 = cluster_bootstrap(tasks, "pass^k", 4, n_boot=500, seed=4)
+    assert r1 == r2
+    assert (r1.low, r1.high) != (r3.low, r3.high)
+    assert r1.low <= r1.estimate <= r1.high
+    assert r1.estimate == pytest.approx(suite_metrics(tasks, [4]).by_k[4].pass_hat_k)
+    p1 = cluster_bootstrap(tasks, "pass@1", n_boot=500)
+    assert p1.k == 1 and p1.low <= p1.estimate <= p1.high
+    # The bootstrap SE should be close to the clustered SE of pass@1.
+    se = clustered_se_pass1(tasks)
+    width = p1.high - p1.low
+    assert 0.6 * (2 * 1.96 * se) < width < 1.4 * (2 * 1.96 * se)
+
+
+def test_cluster_bootstrap_excludes_short_tasks_and_validates():
+    tasks = [counts("a", 5, 2), counts("b", 2, 2), counts("c", 0, 0)]
+    r = cluster_bootstrap(tasks, "pass@k", 3, n_boot=50)
+    assert r.n_tasks == 1 and r.excluded == ["b", "c"]
+    with pytest.raises(ValueError, match="metric"):
+        cluster_bootstrap(tasks, "pass@2", 2)
+    with pytest.raises(ValueError, match="needs k"):
+        cluster_bootstrap(tasks, "pass^k")
+    with pytest.raises(ValueError, match="at least 9"):
+        cluster_bootstrap(tasks, "pass^k", 9)
+
+
+def test_clustered_se_pass1():
+    tasks = [counts("a", 10, 10), counts("b", 10, 0), counts("c", 4, 2), counts("d", 0, 0)]
+    ps = [1.0, 0.0, 0.5]
+    mu = sum(ps) / 3
+    expected = math.sqrt(sum((p - mu) ** 2 for p in ps) / (3 * 2))
+    assert clustered_se_pass1(tasks) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="1 measured task"):
+        clustered_se_pass1([counts("a", 3, 1)])
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def test_compare_mcnemar_exact():
+    # 1 trial per task: 8 tasks pass only in B, 2 only in A, 5 pass in both, 5 fail in both.
+    a, b = [], []
+    for i in range(8):
+        a.append(T(f"x{i}", "✗")); b.append(T(f"x{i}", "✓"))
+    for i in range(2):
+        a.append(T(f"y{i}", "✓")); b.append(T(f"y{i}", "✗"))
+    for i in range(5):
+        a.append(T(f"z{i}", "✓")); b.append(T(f"z{i}", "✓"))
+        a.append(T(f"w{i}", "✗")); b.append(T(f"w{i}", "✗"))
+    a.append(T("a_only", "✓"))
+    b.append(T("b_only", "✗"))
+    r = compare_runs(a, b, ks=[1])
+    # Hand-computed: 2 * P(Bin(10, 1/2) <= 2) = 2 * (1 + 10 + 45) / 1024 = 112 / 1024.
+    assert r.test.method == "mcnemar_exact"
+    assert r.test.p_value == pytest.approx(112 / 1024, abs=1e-15)
+    assert r.test.statistic == 8 and r.test.n_informative == 10
+    assert r.only_in_a == ["a_only"] and r.only_in_b == ["b_only"]
+    assert r.n_common == 20
+    assert r.suite[0].metric == "pass@1"
+    assert r.suite[0].delta == pytest.approx(6 / 20)
+    stats = pytest.importorskip("scipy.stats")
+    assert r.test.p_value == pytest.approx(stats.binomtest(8, 10, 0.5).pvalue)
+
+
+def test_compare_sign_flip_exact_tiny_case():
+    # Per-task pass@1 deltas: +1/2, +1/2, -1/4 (in units of 1/4: 2, 2, -1), and one zero delta.
+    a = [counts("t1", 2, 0), counts("t2", 4, 1), counts("t3", 4, 2), counts("t4", 2, 1)]
+    b = [counts("t1", 2, 1), counts("t2", 4, 3), counts("t3", 4, 1), counts("t4", 2, 1)]
+    r = compare_runs(a, b, ks=[2], seed=0)
+    assert r.test.method == "sign_flip_exact"
+    assert r.test.n_informative == 3
+    # Sign flips of (2, 2, -1): sums 3, 5, -1, 1, -1, 1, -5, -3 -> |S| >= 3 in 4 of 8.
+    assert r.test.p_value == pytest.approx(4 / 8)
+    assert r.test.statistic == pytest.approx((0.5 + 0.5 - 0.25 + 0) / 4)
+    by_id = {t.task_id: t for t in r.per_task}
+    assert by_id["t2"].delta_pass1 == pytest.approx(0.5)
+    assert by_id["t2"].delta_pass_hat_k[2] == pytest.approx(
+        float(pass_hat_k_exact(4, 3, 2) - pass_hat_k_exact(4, 1, 2))
+    )
+    metrics = [(s.metric, s.k) for s in r.suite]
+    assert metrics == [("pass@1", 1), ("pass@k", 2), ("pass^k", 2)]
+    for s in r.suite:
+        assert s.low <= s.delta <= s.high
+        assert s.delta == pytest.approx(s.b - s.a)
+
+
+def test_compare_sign_flip_extreme_and_monte_carlo():
+    a = [counts(f"t{i}", 4, 0) for i in range(6)]
+    b = [counts(f"t{i}", 4, 4) for i in range(6)]
+    r = compare_runs(a, b, ks=[2])
+    assert r.test.p_value == pytest.approx(2 / 64)  # only the all-plus and all-minus flips
+    rng = random.Random(5)
+    a = [counts(f"t{i}", 5, rng.randint(0, 5)) for i in range(40)]
+    b = [counts(f"t{i}", 5, min(5, t.c + rng.randint(0, 2))) for i, t in enumerate(a)]
+    r1 = compare_runs(a, b, ks=[2], seed=11, n_perm=2000)
+    r2 = compare_runs(a, b, ks=[2], seed=11, n_perm=2000)
+    assert r1.test.method == "sign_flip_monte_carlo"
+    assert r1 == r2
+    assert r1.test.p_value < 0.01
+    assert r1.suite[0].low > 0
+
+
+def test_compare_sign_flip_monte_carlo_close_to_exact():
+    rng = random.Random(2)
+    ds = [rng.choice([-3, -1, 1, 2, 4]) for _ in range(16)]
+    exact = est._sign_flip_exact(ds)
+    mc = est._sign_flip_mc(ds, 20000, random.Random(0))
+    assert mc == pytest.approx(exact, abs=0.015)
+
+
+def test_compare_errors_and_unmeasured():
+    with pytest.raises(ValueError, match="share no task"):
+        compare_runs([counts("a", 2, 1)], [counts("b", 2, 1)], ks=[1])
+    r = compare_runs(
+        [counts("a", 2, 1), counts("u", 0, 0), counts("v", 3, 1)],
+        [counts("a", 2, 2), counts("u", 3, 1), counts("v", 3, 1)],
+        ks=[3],
+    )
+    assert r.unmeasured == ["u"] and r.n_common == 2
+    assert [s.excluded for s in r.suite if s.k == 3] == [["a"], ["a"]]
+
+
+# --------------------------------------------------------------------------- diagnostics
+
+
+def test_drift_detected_and_not():
+    rng = random.Random(0)
+    drifting = [
+        TaskOutcomes(task_id=f"t{i}", trials=[rng.random() < (0.9 if j < 5 else 0.3) for j in range(10)])
+        for i in range(30)
+    ]
+    r = drift_test(drifting, n_perm=2000, seed=1)
+    assert r.p_value < 0.01
+    assert r.early_rate > r.late_rate and r.statistic == pytest.approx(r.late_rate - r.early_rate)
+    assert r.verdict.startswith("drift: pass rate fell")
+    assert r.cochran_p_value is not None and r.cochran_p_value < 0.01
+    assert r.cochran_df == 9 and r.cochran_n_tasks == 30
+    assert drift_test(drifting, n_perm=2000, seed=1) == r
+
+    steady = [
+        TaskOutcomes(task_id=f"t{i}", trials=[rng.random() < p for _ in range(10)])
+        for i, p in enumerate([0.2, 0.5, 0.8, 0.95] * 8)
+    ]
+    s = drift_test(steady, n_perm=2000, seed=1)
+    assert s.p_value > 0.05
+    assert s.verdict.startswith("no drift detected")
+
+
+def test_cochran_q_hand_computed():
+    stats = pytest.importorskip("scipy.stats")
+    rows = ["✓✓✗", "✓✗✗", "✓✓✓", "✗✗✗", "✓✗✗", "✓✓✗"]
+    tasks = [T(f"t{i}", r) for i, r in enumerate(rows)]
+    # Columns: 5, 3, 1; rows: 2, 1, 3, 0, 1, 2; N = 9; T = 3.
+    q = 2 * (3 * (25 + 9 + 1) - 81) / (3 * 9 - (4 + 1 + 9 + 0 + 1 + 4))
+    r = drift_test(tasks, n_perm=200)
+    assert r.cochran_q == pytest.approx(q)
+    assert r.cochran_p_value == pytest.approx(stats.chi2.sf(q, 2))
+
+
+def test_drift_untestable():
+    r = drift_test([T("a", "✓"), T("b", "✗")])
+    assert r.p_value is None and "not testable" in r.verdict
+
+
+def test_overdispersion():
+    clustered = [counts(f"p{i}", 8, 8) for i in range(10)] + [counts(f"f{i}", 8, 0) for i in range(10)]
+    r = overdispersion_test(clustered)
+    assert r.p_value < 1e-6 and r.verdict.startswith("failures cluster by task")
+    assert r.chi2_p_value < 1e-6
+
+    even = [counts(f"t{i}", 8, 4 + (i % 3) - 1) for i in range(20)]
+    r = overdispersion_test(even)
+    assert r.p_value > 0.5 and r.verdict.startswith("failures spread evenly")
+
+    rng = random.Random(3)
+    binomial = [TaskOutcomes(task_id=f"t{i}", trials=[rng.random() < 0.6 for _ in range(8)]) for i in range(40)]
+    assert overdispersion_test(binomial).p_value > 0.05
+
+
+def test_overdispersion_matches_formula():
+    tasks = [counts("a", 5, 5), counts("b", 6, 1), counts("c", 4, 2)]
+    N, C = 15, 8
+    p = C / N
+    s = ((5 - 5 * p) ** 2 + (1 - 6 * p) ** 2 + (2 - 4 * p) ** 2) / (p * (1 - p))
+    z = (s - N) / math.sqrt(2 * (20 + 30 + 12))
+    r = overdispersion_test(tasks)
+    assert r.statistic == pytest.approx(z)
+    assert r.chi2 == pytest.approx(s) and r.chi2_df == 2
+    assert overdispersion_test([counts("a", 4, 4), counts("b", 3, 3)]).p_value is None
+
+
+# --------------------------------------------------------------------------- sample size
+
+
+def test_sample_size_helpers():
+    stats = pytest.importorskip("scipy.stats")
+    za, zb = stats.norm.ppf(0.975), stats.norm.ppf(0.8)
+    p1, p2 = 0.6, 0.7
+    pbar = 0.65
+    n = (za * math.sqrt(2 * pbar * (1 - pbar)) + zb * math.sqrt(p1 * (1 - p1) + p2 * (1 - p2))) ** 2 / 0.01
+    assert trials_needed(0.6, 0.7) == math.ceil(n)
+    assert trials_needed(0.5, 0.6) > trials_needed(0.5, 0.8)
+    assert tasks_needed_paired(0.1, 0.3) == math.ceil(((za + zb) * 3) ** 2)  # 70.6 -> 71
+    with pytest.raises(ValueError, match="no difference"):
+        trials_needed(0.5, 0.5)
+    with pytest.raises(ValueError, match="power"):
+        trials_needed(0.5, 0.6, power=1.0)
+    with pytest.raises(ValueError, match="sd"):
+        tasks_needed_paired(0.1, 0)
