@@ -1,0 +1,193 @@
+"""The pinned sandbox with real containers: counters read from the kernel, limits enforced."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.images import SANDBOX_IMAGE
+from harness.profile import Profile
+from harness.sandbox import LABEL, Sandbox, run_command
+
+pytestmark = pytest.mark.docker
+
+BURN = "import time\nt=time.time()\nwhile time.time()-t<2: pass\n"
+
+
+def prof(**kw) -> Profile:
+    base = dict(name="test", cpus=1.0, cores=1, memory="256m", pids=64, timeouts={"agent": 30})
+    base.update(kw)
+    return Profile.model_validate(base)
+
+
+def leftovers(client) -> list:
+    return client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
+
+
+def test_half_cpu_quota_throttles_about_half_the_wall_time(docker_client, trial_cpu):
+    r = run_command(docker_client, SANDBOX_IMAGE, prof(cpus=0.5), trial_cpu, ["python3", "-c", BURN])
+    assert r.kind == "ok", r
+    c = r.counters
+    assert c.nr_throttled > 0
+    assert 0.35 <= c.throttled_share <= 0.65, c
+    # the burner got about half a core
+    assert 0.35 <= c.cpu_usage_us / 1e6 / c.wall_s <= 0.65
+
+
+def test_full_core_on_exclusive_cpuset_is_not_throttled(docker_client, trial_cpu):
+    r = run_command(docker_client, SANDBOX_IMAGE, prof(cpus=1.0), trial_cpu, ["python3", "-c", BURN])
+    assert r.kind == "ok"
+    assert r.counters.throttled_share < 0.05, r.counters
+    assert r.counters.cpu_usage_us / 1e6 / r.counters.wall_s > 0.85
+
+
+def test_limits_read_back_equal_the_profile(docker_client, trial_cpu):
+    p = prof(cpus=0.5, memory="192m", pids=77)
+    with Sandbox(docker_client, SANDBOX_IMAGE, p, trial_cpu) as sb:
+        env = sb.envelope
+        assert env.ok, env.mismatches
+        a = env.applied
+        assert (a.cpu_quota_us, a.cpu_period_us) == (50_000, 100_000)
+        assert a.cpuset_cpus == trial_cpu
+        assert a.memory_max == 192 * 1024 * 1024
+        assert a.memsw_max in (None, 192 * 1024 * 1024)  # no swap beyond the ceiling
+        assert a.pids_max == 77
+
+
+def test_oom_is_recorded_from_the_kernel_not_the_exit_code(docker_client, trial_cpu):
+    # the parent survives the child's OOM kill and exits 0: the record still says oom_killed
+    code = (
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', 'x=[]\\nwhile True: x.append(bytearray(1<<20))'])\n"
+        "sys.exit(0)\n"
+    )
+    r = run_command(docker_client, SANDBOX_IMAGE, prof(memory="64m"), trial_cpu, ["python3", "-c", code])
+    assert r.exec.exit_code == 0
+    assert r.counters.oom_kills >= 1
+    assert r.kind == "oom_killed"
+    assert r.counters.memory_peak >= 60 * 1024 * 1024
+
+
+def test_fork_bomb_stops_at_the_pids_limit(docker_client, trial_cpu):
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "t = time.time()\n"
+        "while time.time() - t < 3:\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "        n += 1\n"
+        "    except OSError:\n"
+        "        time.sleep(0.01)\n"
+        "print(n)\n"
+    )
+    r = run_command(docker_client, SANDBOX_IMAGE, prof(pids=40), trial_cpu, ["python3", "-c", code], timeout=20)
+    assert r.counters.pids_limit_hits > 0
+    assert r.counters.pids_peak <= 40
+    assert int(r.exec.stdout.strip()) < 40
+    assert not leftovers(docker_client)
+    # the host is fine: we can still start processes
+    assert subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True).returncode == 0
+
+
+def test_timeout_kills_the_tree_and_leaves_no_container(docker_client, trial_cpu):
+    t0 = time.monotonic()
+    r = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["sleep", "1000"], timeout=2)
+    assert r.exec.timed_out and r.kind == "timeout"
+    assert 1.9 <= r.exec.wall_s <= 2.5
+    assert time.monotonic() - t0 < 10
+    assert not leftovers(docker_client)
+
+
+def test_orphans_that_outlive_the_agent_are_killed(docker_client, trial_cpu):
+    # the agent exits at once but leaves a child holding stdout open
+    r = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["sh", "-c", "sleep 1000 & echo started"], timeout=20)
+    assert r.kind == "ok" and not r.exec.timed_out
+    assert r.exec.wall_s < 3
+    assert not leftovers(docker_client)
+
+
+def test_no_network_and_read_only_root(docker_client, trial_cpu):
+    code = (
+        "import os, socket, json\n"
+        "res = {'ifaces': sorted(os.listdir('/sys/class/net'))}\n"
+        "try:\n"
+        "    s = socket.socket(); s.settimeout(2); s.connect(('172.17.0.1', 2375)); res['connect'] = 'ok'\n"
+        "except OSError as e:\n"
+        "    res['connect'] = type(e).__name__ + ':' + str(e.errno)\n"
+        "for p in ('/etc/x', '/usr/x', '/work/x', '/tmp/x'):\n"
+        "    try:\n"
+        "        open(p, 'w').write('x'); res[p] = 'written'\n"
+        "    except OSError as e:\n"
+        "        res[p] = e.errno\n"
+        "res['uid'] = os.getuid()\n"
+        "res['caps'] = [l for l in open('/proc/self/status') if l.startswith(('CapEff', 'NoNewPrivs'))]\n"
+        "print(json.dumps(res))\n"
+    )
+    r = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", code])
+    res = json.loads(r.exec.stdout)
+    assert res["ifaces"] == ["lo"]
+    assert res["connect"] != "ok"
+    assert res["/etc/x"] == 30 and res["/usr/x"] == 30  # EROFS
+    assert res["/work/x"] == "written" and res["/tmp/x"] == "written"
+    assert res["uid"] == 10001
+    assert "CapEff:\t0000000000000000\n" in res["caps"]
+    assert "NoNewPrivs:\t1\n" in res["caps"]
+
+
+def test_output_is_capped_and_truncation_marked(docker_client, trial_cpu):
+    p = prof(output_cap="64k")
+    r = run_command(docker_client, SANDBOX_IMAGE, p, trial_cpu, ["python3", "-c", "import sys; sys.stdout.write('x' * 3_000_000)"])
+    assert r.exec.stdout_bytes == 3_000_000
+    assert r.exec.stdout_truncated
+    assert "truncated" in r.exec.stdout
+    assert len(r.exec.stdout) < 70_000
+
+
+def test_samples_are_taken_during_the_command(docker_client, trial_cpu):
+    r = run_command(docker_client, SANDBOX_IMAGE, prof(sample_hz=10), trial_cpu, ["python3", "-c", BURN])
+    assert len(r.samples) >= 12  # ~2 s at 10 Hz
+    ts = [s.t for s in r.samples]
+    assert ts == sorted(ts)
+    assert r.samples[-1].cpu_usage_us > r.samples[0].cpu_usage_us
+
+
+def test_noisy_neighbor_shows_as_foreign_cpu(docker_client, trial_cpu):
+    quiet = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", BURN])
+    assert quiet.host.foreign_cpu_share <= 0.05, quiet.host
+    neighbor = docker_client.containers.run(
+        SANDBOX_IMAGE,
+        ["python3", "-c", "while True: pass"],
+        detach=True,
+        cpuset_cpus=",".join(map(str, trial_cpu)),
+        labels={LABEL: "1", "dev.harness.test": "noisy-neighbor"},
+        network_mode="none",
+    )
+    try:
+        time.sleep(0.3)
+        noisy = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", BURN])
+    finally:
+        neighbor.remove(force=True)
+    assert noisy.host.foreign_cpu_share >= 0.30, noisy.host
+    # and the trial itself got less CPU than when alone
+    assert noisy.counters.cpu_usage_us < quiet.counters.cpu_usage_us * 0.8
+
+
+def test_cli_sandbox_exec_json(docker_client, trial_cpu):
+    out = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "sandbox", "exec", "--json", "--cpuset", str(trial_cpu[0]), "--", "python3", "-c", "print(42)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["kind"] == "ok" and d["exec"]["stdout"].strip() == "42"
+    assert d["envelope"]["mismatches"] == []
+    assert {"cpu_usage_us", "throttled_share", "oom_kills", "pids_peak"} <= set(d["counters"])
+    assert {"foreign_cpu_share", "steal_share", "mem_available_min"} <= set(d["host"])
