@@ -369,6 +369,12 @@ def locate(pid: int | str, proc_root: str | os.PathLike = "/proc", sys_root: str
             "locate the cgroup right after the container starts"
         )
     entries = parse_proc_cgroup(cg_text)
+    for c, path in entries.items():
+        if ".." in path.split("/"):
+            raise CgroupError(
+                f"{cg_file}: cgroup {path!r} ({c or 'unified'}) lies outside this process's cgroup "
+                "namespace; run the controller in the host cgroup namespace (--cgroupns=host)"
+            )
     mi_text = _read(mi_file)
     if mi_text is None:
         raise CgroupError(f"{mi_file} not found: proc_root {proc_root} is not a mounted /proc")

@@ -168,7 +168,7 @@ class HostDelta(_M):
 
         mins = [v for v in (a.mem_available, b.mem_available, mem_available_min) if v is not None]
         return cls(
-            wall_s=b.t - a.t,
+            wall_s=max(0.0, b.t - a.t),
             pinned_cpus=list(pinned),
             pinned_busy_us=busy,
             foreign_cpu_us=foreign,

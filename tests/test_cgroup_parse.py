@@ -339,6 +339,13 @@ def test_locate_error_path_outside_mount_root(tmp_path):
         locate(PID, proc_root=root / "proc", sys_root=root)
 
 
+def test_locate_error_foreign_cgroup_namespace(tmp_path):
+    root = _copy("v2_cgroupfs", tmp_path)
+    (root / f"proc/{PID}/cgroup").write_text(f"0::/../../docker/{V2_ID}\n")
+    with pytest.raises(CgroupError, match="outside this process's cgroup namespace.*--cgroupns=host"):
+        locate(PID, proc_root=root / "proc", sys_root=root)
+
+
 def test_locate_error_no_lines(tmp_path):
     root = _copy("v2_cgroupfs", tmp_path)
     (root / f"proc/{PID}/cgroup").write_text("1:name=systemd:/x\n")
