@@ -95,6 +95,11 @@ class SLA(_Strict):
         description="host rule `host_cpu_contention`: busy time on the pinned cores not accounted "
         "to the trial's cgroup, as a share of wall time x pinned cores.",
     )
+    foreign_cpu_min_ms: float = Field(
+        50.0, ge=0, le=60_000,
+        description="host_cpu_contention also needs at least this much foreign CPU time (ms): /proc/stat "
+        "counts in 10 ms ticks, so on a short attempt rounding alone can look like a few percent.",
+    )
     steal_share: float | None = Field(
         0.05, ge=0, le=1,
         description="host rule `host_steal`: CPU steal (hypervisor) over the attempt, share of wall x all cores.",

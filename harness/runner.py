@@ -211,6 +211,7 @@ class Runner:
         containers and marks the run interrupted."""
         self.store.add_run(self.run)
         self.artifacts.mkdir(parents=True, exist_ok=True)
+        pin_controller(self.pool)
         # containers of a dead controller are leftovers: remove them before leasing cores
         sweep_containers(self.client, only_dead_owners=True)
         slots: "queue.Queue[SlotState]" = queue.Queue()
@@ -320,6 +321,17 @@ class Runner:
             row.error = (row.error + "; " if row.error else "") + note
         self.store.add_attempt(row, samples)
         return row
+
+
+def pin_controller(pool: CpuPool) -> None:
+    """Keep the controller's threads (SDK calls, monitor, grading) on the reserved cores so
+    they do not show up as foreign CPU on the cores leased to trials. Threads started after
+    this call inherit the mask."""
+    if pool.reserved:
+        try:
+            os.sched_setaffinity(0, set(pool.reserved))
+        except OSError:
+            pass
 
 
 def run_attempt(

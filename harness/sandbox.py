@@ -401,6 +401,8 @@ class Sandbox:
         bomb cannot outrun the kill. Returns how many processes were signalled."""
         if self.paths is None:
             return 0
+        if not [p for p in self._procs() if p not in self._keep_pids]:
+            return 0  # nothing left: no need to freeze
         killed = 0
         frozen = False
         try:
@@ -587,10 +589,7 @@ class Sandbox:
                     f = tf.extractfile(m)
                     files[m.name] = f.read() if f else b""
         except tarfile.TarError as e:
-            problems.append(f"malformed export stream: {e}")
-        for n in names:
-            if n not in files and not any(n in p for p in problems) and "No such file" in res.stderr and n in res.stderr:
-                problems.append(f"{n}: not found")
+            problems.append(f"malformed export stream ({e}; tar exit {res.exit_code}: {res.stderr.strip()[-200:]})")
         return files, problems
 
 

@@ -103,8 +103,15 @@ def judge(
         )
     )
     if host is not None:
+        contention = _max_rule("host_cpu_contention", "host", host.foreign_cpu_share, sla.foreign_cpu_share, what="foreign CPU on pinned cores")
+        if contention is not None:
+            ms = host.foreign_cpu_us / 1000
+            contention.detail += f" ({ms:.0f} ms)"
+            if contention.breached and ms < sla.foreign_cpu_min_ms:
+                contention.breached = False
+                contention.detail += f", below the {sla.foreign_cpu_min_ms:.0f} ms measurement floor"
         cands = [
-            _max_rule("host_cpu_contention", "host", host.foreign_cpu_share, sla.foreign_cpu_share, what="foreign CPU on pinned cores"),
+            contention,
             _max_rule("host_steal", "host", host.steal_share, sla.steal_share, what="steal"),
             _max_rule("host_memory_pressure", "host", host.psi_memory_some_share, sla.host_memory_pressure, what="host memory PSI some"),
             _max_rule("host_io_pressure", "host", host.psi_io_some_share, sla.host_io_pressure, what="host io PSI some"),

@@ -14,6 +14,7 @@ No Docker. ``load_suite("refunds")`` resolves a built-in suite shipped in
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import sqlite3
 import tomllib
@@ -33,9 +34,6 @@ _HASH_SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".git"}
 _HASH_SKIP_SUFFIXES = (".pyc", ".pyo", ".swp")
 _HASH_SKIP_NAMES = {".DS_Store"}
 
-Scalar = int | float | str | bool
-
-
 class SuiteError(ValueError):
     """A suite that cannot be used. One line per problem: ``file: key: message``."""
 
@@ -49,7 +47,7 @@ class Expectation(_Strict):
 
     name: str = Field(..., min_length=1, description="Short label used in the grade's reason, e.g. 'refunds'.")
     query: str = Field(..., min_length=1, description="A read-only SQL query run against the final state.")
-    rows: list[list[Scalar]] | list[dict[str, Scalar]] | None = Field(
+    rows: list[Any] | None = Field(
         None,
         description="Expected result rows: arrays (positional, all columns of the query) or tables "
         "(column name -> value; only the named columns are compared). Order-insensitive unless "
@@ -57,6 +55,25 @@ class Expectation(_Strict):
     )
     count: int | None = Field(None, ge=0, description="Expected number of result rows (instead of `rows`).")
     ordered: bool = Field(False, description="Compare `rows` in order (the query should have ORDER BY).")
+
+    @field_validator("rows", mode="before")
+    @classmethod
+    def _rows_shape(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, list):
+            raise ValueError("must be an array of rows: arrays (positional) or tables (column = value)")
+        kinds = {type(r) for r in v}
+        if not kinds <= {list, dict} or len(kinds) > 1:
+            raise ValueError("rows must be all arrays (positional) or all tables (column = value), not a mix")
+        for i, r in enumerate(v):
+            for val in (r.values() if isinstance(r, dict) else r):
+                if not isinstance(val, (int, float, str, bool)):
+                    raise ValueError(f"row {i}: {val!r} is not a number, string or boolean "
+                                     "(quote dates; test for NULL in the query with `x IS NULL`)")
+        if kinds == {dict} and len({tuple(r) for r in v}) > 1:
+            raise ValueError("all table rows must name the same columns")
+        return v
 
     @model_validator(mode="after")
     def _one_of(self) -> "Expectation":
@@ -210,6 +227,23 @@ def _suite_files(root: Path) -> list[Path]:
     return sorted(out, key=lambda p: p.relative_to(root).as_posix())
 
 
+def _format_error(src: str, err: ValidationError, model: type[BaseModel]) -> str:
+    """format_validation_error, plus a "did you mean" for misspelt keys."""
+    lines = format_validation_error(src, err).splitlines()
+    nested = {"expect": Expectation, "envelope": EnvelopeOverride}
+    out = []
+    for line, e in zip(lines, err.errors()):
+        if e["type"] == "extra_forbidden":
+            loc = e["loc"]
+            owner = model if len(loc) == 1 else nested.get(str(loc[0]), None)
+            if owner is not None:
+                close = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1)
+                if close:
+                    line += f" (did you mean {close[0]!r}?)"
+        out.append(line)
+    return "\n".join(out)
+
+
 def _display(path: Path) -> str:
     """A path as errors show it: relative to the working directory when under it."""
     try:
@@ -290,11 +324,17 @@ def load_suite(name_or_path: str | Path) -> Suite:
         try:
             spec = SuiteSpec.model_validate(data)
         except ValidationError as e:
-            problems.append(format_validation_error(_display(suite_toml), e))
+            problems.append(_format_error(_display(suite_toml), e, SuiteSpec))
 
     base: sqlite3.Connection | None = None
     if spec is not None:
-        base = _check_suite_files(root, suite_toml, spec, problems)
+        base = _check_suite_files(root, suite_toml, spec.dockerfile, spec.state_sql, problems)
+    elif data is not None:
+        # suite.toml has other problems; still check its files when those keys are well-formed,
+        # so one load reports as much as possible.
+        sql, df = data.get("state_sql"), data.get("dockerfile", "Dockerfile")
+        if isinstance(sql, list) and sql and all(isinstance(x, str) for x in sql) and isinstance(df, str):
+            base = _check_suite_files(root, suite_toml, df, sql, problems)
 
     tasks = _load_tasks(root, base, problems)
     if base is not None:
@@ -304,17 +344,18 @@ def load_suite(name_or_path: str | Path) -> Suite:
     return Suite(**spec.model_dump(), root=root, tasks=tasks)
 
 
-def _check_suite_files(root: Path, suite_toml: Path, spec: SuiteSpec, problems: list[str]) -> sqlite3.Connection | None:
+def _check_suite_files(root: Path, suite_toml: Path, dockerfile: str, state_sql: list[str],
+                       problems: list[str]) -> sqlite3.Connection | None:
     """Check dockerfile and state_sql; return an in-memory db with the common fixture built."""
     src = _display(suite_toml)
-    df = _inside(root, spec.dockerfile)
+    df = _inside(root, dockerfile)
     if df is None:
-        problems.append(f"{src}: dockerfile: {spec.dockerfile!r} is outside the suite directory (the build context)")
+        problems.append(f"{src}: dockerfile: {dockerfile!r} is outside the suite directory (the build context)")
     elif not df.is_file():
-        problems.append(f"{src}: dockerfile: no such file {_display(root / spec.dockerfile)}")
+        problems.append(f"{src}: dockerfile: no such file {_display(root / dockerfile)}")
     conn = sqlite3.connect(":memory:")
     ok = True
-    for i, rel in enumerate(spec.state_sql):
+    for i, rel in enumerate(state_sql):
         p = _inside(root, rel)
         if p is None:
             problems.append(f"{src}: state_sql.{i}: {rel!r} is outside the suite directory")
@@ -349,7 +390,7 @@ def _load_tasks(root: Path, base: sqlite3.Connection | None, problems: list[str]
         try:
             task = Task.model_validate(data)
         except ValidationError as e:
-            problems.append(format_validation_error(src, e))
+            problems.append(_format_error(src, e, Task))
             continue
         task._source = f
         if task.id != f.stem:

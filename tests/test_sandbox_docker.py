@@ -165,7 +165,7 @@ def test_noisy_neighbor_shows_as_foreign_cpu(docker_client, trial_cpu):
         ["python3", "-c", "while True: pass"],
         detach=True,
         cpuset_cpus=",".join(map(str, trial_cpu)),
-        labels={LABEL: "1", "dev.harness.test": "noisy-neighbor"},
+        labels={"dev.harness.test": "noisy-neighbor"},  # not dev.harness=1: the run's sweep would remove it
         network_mode="none",
     )
     try:
@@ -180,7 +180,7 @@ def test_noisy_neighbor_shows_as_foreign_cpu(docker_client, trial_cpu):
 
 def test_cli_sandbox_exec_json(docker_client, trial_cpu):
     out = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "sandbox", "exec", "--json", "--cpuset", str(trial_cpu[0]), "--", "python3", "-c", "print(42)"],
+        [sys.executable, "-m", "harness", "sandbox", "exec", "--json", "--cpuset", str(trial_cpu[0]), "--", "python3", "-c", "print(42)"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,0 +1,1 @@
+"""CLI commands that read the store: report, gate, compare (registered on import)."""

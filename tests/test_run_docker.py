@@ -1,0 +1,151 @@
+"""`harness run` end to end with real containers, a real SQLite store and the probe suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.images import SANDBOX_IMAGE
+from harness.sandbox import LABEL
+from harness.store import Store
+from harness.summary import summarize
+
+pytestmark = pytest.mark.docker
+
+PROBE = str(Path(__file__).parent / "suites" / "probe")
+
+
+def harness(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    e = {**os.environ, "HARNESS_HOME": str(tmp_path / "home"), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=timeout, env=e, cwd=tmp_path
+    )
+
+
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/h.db"
+
+
+def test_small_run_stores_every_attempt_and_summary_equals_recount(docker_client, tmp_path):
+    r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "3", "--db", db_url(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {"run_id", "suite", "profile", "trials", "tasks", "metrics"} <= set(out)
+    assert out["suite"] == "probe" and out["trials"] == 3
+    assert {"pass@1", "pass@3", "pass^3"} <= set(out["metrics"])
+
+    store = Store.open(db_url(tmp_path), create=False)
+    attempts = store.attempts(out["run_id"])
+    clean = [a for a in attempts if a.verdict == "clean"]
+    assert len(clean) == 2 * 3  # every slot filled exactly once
+    for a in attempts:
+        assert a.cpu_usage_us and a.cpu_usage_us > 0
+        assert a.memory_peak and a.pids_peak
+        assert a.foreign_cpu_share is not None and a.mem_available_min
+        assert a.envelope_applied["memory_max"] == a.envelope["memory"]
+        assert store.samples(a.id), "saturation samples stored"
+        art = Path(a.artifacts)
+        assert (art / "state.db").exists() and (art / "stdout.txt").exists() and (art / "transcript.jsonl").exists()
+
+    # recount by hand from the stored rows
+    by_task: dict[str, list[bool]] = {}
+    for a in sorted(clean, key=lambda a: (a.task_id, a.slot)):
+        by_task.setdefault(a.task_id, []).append(a.outcome == "pass")
+    for t in out["tasks"]:
+        assert t["outcomes"] == by_task[t["task"]]
+        assert (t["n"], t["c"]) == (len(by_task[t["task"]]), sum(by_task[t["task"]]))
+    per_task_p1 = [sum(v) / len(v) for v in by_task.values()]
+    assert out["metrics"]["pass@1"] == pytest.approx(sum(per_task_p1) / len(per_task_p1))
+    # and the stored summary recomputes the same document
+    again = summarize(store.get_run(out["run_id"]), attempts)
+    assert again["metrics"] == out["metrics"]
+
+
+def test_fresh_state_per_attempt_and_extra_effects_fail(docker_client, tmp_path):
+    r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "3", "--db", db_url(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    tasks = {t["task"]: t for t in out["tasks"]}
+    # the appender saw 0 rows in every attempt: no attempt sees another's leftovers
+    assert tasks["append"]["outcomes"] == [True, True, True]
+    store = Store.open(db_url(tmp_path), create=False)
+    for a in store.attempts(out["run_id"]):
+        final = sqlite3.connect(Path(a.artifacts) / "state.db")
+        assert final.execute("select seen from log").fetchall() == [(0,)]
+    # an extra effect fails with the grader's reason, as wrong_state (the agent exited 0)
+    assert tasks["extra-effect"]["outcomes"] == [False, False, False]
+    ee = [a for a in store.attempts(out["run_id"]) if a.task_id == "extra-effect"]
+    assert all(a.failure_kind == "wrong_state" and a.exit_code == 0 for a in ee)
+    assert all("audit" in a.grade_reason for a in ee), [a.grade_reason for a in ee]
+
+
+def _spinner(client, cpus: str, seconds: float):
+    return client.containers.run(
+        SANDBOX_IMAGE,
+        ["python3", "-c", f"import time\nt=time.time()\nwhile time.time()-t<{seconds}: pass"],
+        detach=True,
+        cpuset_cpus=cpus,
+        network_mode="none",
+        labels={"dev.harness.test": "noisy-neighbor"},  # not dev.harness=1: the run's sweep would remove it
+    )
+
+
+def _trial_cores() -> str:
+    cpus = sorted(os.sched_getaffinity(0))
+    return ",".join(map(str, cpus[1:] if len(cpus) > 1 else cpus))
+
+
+def test_noisy_neighbor_attempts_are_discarded_and_rerun(docker_client, tmp_path):
+    nb = _spinner(docker_client, _trial_cores(), 5)
+    try:
+        time.sleep(0.3)
+        r = harness(
+            tmp_path, "run", "--suite", PROBE, "--tasks", "append", "--trials", "3", "--max-reruns", "12",
+            "--db", db_url(tmp_path), "--json", env={"PROBE_BURN": "0.8"},
+        )
+    finally:
+        nb.remove(force=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    store = Store.open(db_url(tmp_path), create=False)
+    attempts = store.attempts(out["run_id"])
+    discarded = [a for a in attempts if a.verdict == "discarded"]
+    assert discarded, "attempts beside a spinning neighbor must be discarded"
+    assert all("host_cpu_contention" in a.reasons for a in discarded), [a.reasons for a in discarded]
+    rule = next(x for x in discarded[0].rules if x["rule"] == "host_cpu_contention")
+    assert rule["value"] > rule["threshold"] and rule["breached"]
+    # every slot still ends with exactly one clean attempt
+    assert out["tasks"][0]["n"] == 3
+    assert len([a for a in attempts if a.verdict == "clean"]) == 3
+    assert out["attempts"]["discarded"] == len(discarded)
+
+
+def test_rerun_budget_zero_leaves_the_slot_unmeasured(docker_client, tmp_path):
+    nb = _spinner(docker_client, _trial_cores(), 120)
+    try:
+        time.sleep(0.3)
+        r = harness(
+            tmp_path, "run", "--suite", PROBE, "--tasks", "append", "--trials", "2", "--max-reruns", "0",
+            "--db", db_url(tmp_path), "--json", env={"PROBE_BURN": "0.8"},
+        )
+    finally:
+        nb.remove(force=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    t = out["tasks"][0]
+    assert t["n"] == 0 and t["outcomes"] == []
+    assert [u["reasons"] for u in t["unmeasured"]] == [["host_cpu_contention"], ["host_cpu_contention"]]
+    assert out["unmeasured_slots"] == 2
+    assert out["metrics"]["pass@1"] is None  # never scored
+    assert "pass@1" in out["excluded"]
+
+
+def test_no_containers_left_behind(docker_client):
+    assert not docker_client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
