@@ -284,6 +284,7 @@ def main() -> None:
     """Console-script entry point."""
     from harness import commands  # noqa: F401  (registers run/suites/runs)
     from harness import commands_report  # noqa: F401  (registers report/gate/compare)
+    from harness import commands_inspect  # noqa: F401  (registers trials/show/samples/gc)
 
     app()
 

@@ -1,0 +1,1 @@
+"""CLI commands to inspect attempts: trials, show, samples, gc (registered on import)."""
