@@ -33,7 +33,8 @@ def _fmt(v: float | None) -> str:
 
 @app.command()
 def run(
-    suite: str = typer.Option(..., "--suite", "-s", help="Built-in suite name (see `harness suites`) or path to a suite directory."),
+    suite: Optional[str] = typer.Option(None, "--suite", "-s", help="Built-in suite name (see `harness suites`) or path to a suite directory."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue an interrupted run (id, prefix or 'last'): fills only its missing slots."),
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Sandbox profile (default: the suite's)."),
     trials: Optional[int] = typer.Option(None, "--trials", "-n", help="Trials per task (default: the suite's)."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: all)."),
@@ -57,6 +58,8 @@ def run(
       harness run --suite refunds --profile tight --trials 4 --tasks duplicate-charge,partial-refund
 
       harness run --suite ./my-suite --agent-image my/agent:dev --agent-cmd 'python3 /agent/main.py' --json
+
+      harness run --resume last      (after Ctrl-C or a crash: same seeds, same envelope, missing slots only)
     """
     from harness.runner import RunError, RunOptions, Runner
     from harness.sandbox import EngineError
@@ -65,8 +68,15 @@ def run(
     from harness.suite import SuiteError
     from harness.summary import summarize
 
+    if (suite is None) == (resume is None):
+        die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
+    if resume is not None:
+        given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--max-reruns": max_reruns, "--agent-image": agent_image, "--agent-cmd": agent_cmd}
+        clash = [k for k, v in given.items() if v is not None]
+        if clash:
+            die(f"--resume keeps the run's identity; {', '.join(clash)} cannot change it (start a new run instead)")
     opts = RunOptions(
-        suite=suite,
+        suite=suite or "",
         profile=profile,
         trials=trials,
         tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
@@ -80,7 +90,10 @@ def run(
     )
     try:
         store_ = None
-        runner = Runner.plan(opts, db=db)
+        if resume is not None:
+            runner = Runner.resume(resume, db=db, concurrency=concurrency, reserve_cores=reserve_cores)
+        else:
+            runner = Runner.plan(opts, db=db)
     except (SuiteError, ProfileError, SchedulerError, RunError, StoreError) as e:
         die(str(e), EXIT_USAGE)
     except EngineError as e:

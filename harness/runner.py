@@ -16,7 +16,7 @@ import json
 import os
 import queue
 import secrets
-import shutil
+import socket
 import threading
 import time
 import traceback
@@ -31,7 +31,18 @@ from harness import hoststats
 from harness.counters import CounterDelta, HostDelta
 from harness.grader import build_state, grade
 from harness.profile import Profile, load_profile
-from harness.sandbox import LABEL_ATTEMPT, LABEL_RUN, INPUT_DIR, Monitor, Sandbox, SandboxError, connect, sweep_containers
+from harness.sandbox import (
+    INPUT_DIR,
+    LABEL_ATTEMPT,
+    LABEL_RUN,
+    EngineError,
+    Monitor,
+    Sandbox,
+    SandboxError,
+    _pid_alive,
+    connect,
+    sweep_containers,
+)
 from harness.scheduler import CpuPool
 from harness.sla import judge
 from harness.store import AttemptRow, RunRow, Store, utcnow
@@ -85,9 +96,9 @@ class SlotState:
     task: Task
     slot: int
     seed: int
-    attempts: int = 0
+    attempts: int = 0  # highest attempt number so far
+    budget_used: int = 0  # attempts that count against max_reruns (interrupted ones do not)
     done: bool = False
-    envelope_breaches: int = 0
 
 
 @dataclass
@@ -142,6 +153,7 @@ class Runner:
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         self._stop = threading.Event()
+        self._busy = 0
 
     # -- planning --------------------------------------------------------------
     @classmethod
@@ -206,34 +218,122 @@ class Runner:
         return cls(store, run, suite, profile, tasks, client, pool)
 
     # -- execution -------------------------------------------------------------
+    @classmethod
+    def resume(cls, run_id: str, db: str | None = None, client: docker.DockerClient | None = None, concurrency: int | None = None,
+               reserve_cores: int | None = None) -> "Runner":
+        """Pick up a run whose controller died or was interrupted: the same suite (by content
+        hash), the same envelope (the stored profile), the same seeds. Slots with a clean
+        attempt, or whose rerun budget is spent, are left alone; the others continue with
+        the next attempt number, so no slot is filled twice."""
+        store = Store.open(db, create=False)
+        run = store.get_run(run_id)
+        if run.status == "complete":
+            raise RunError(f"run {run.id} is complete; nothing to resume")
+        owner = run.controller.split(":")
+        if run.status == "running" and len(owner) == 2 and owner[0] == socket.gethostname() and owner[1].isdigit() and _pid_alive(int(owner[1])) and int(owner[1]) != os.getpid():
+            raise RunError(f"run {run.id} is still being run by process {owner[1]}; stop it first (Ctrl-C) or wait")
+        try:
+            suite = load_suite(run.suite_path or run.suite)
+        except Exception as e:
+            raise RunError(f"run {run.id}: cannot load its suite from {run.suite_path}: {e}") from None
+        if suite.content_hash() != run.suite_hash:
+            raise RunError(
+                f"run {run.id}: suite {suite.name} changed since the run started (hash {suite.content_hash()[:12]} != "
+                f"{run.suite_hash[:12]}); resuming would mix two suites in one run — start a new run"
+            )
+        profile = Profile.model_validate(run.profile_json)
+        by_id = {t.id: t for t in suite.tasks}
+        tasks = [by_id[t] for t in run.task_ids]
+        pool = CpuPool.for_host(reserve=reserve_cores)
+        client = client or connect()
+        image_id, digest = image_identity(client, run.image)
+        if digest != run.image_digest:
+            raise RunError(f"run {run.id}: image {run.image} changed since the run started ({digest[:19]} != {run.image_digest[:19]}); start a new run")
+        if concurrency is not None:
+            run_conc = pool.concurrency(max(profile.with_override(t.envelope).cores for t in tasks), concurrency)
+        else:
+            run_conc = pool.concurrency(max(profile.with_override(t.envelope).cores for t in tasks), run.concurrency)
+        self = cls(store, run, suite, profile, tasks, client, pool)
+        self.run.concurrency = run_conc
+        self._resuming = True
+        return self
+
+    def pending_slots(self) -> tuple[list[SlotState], Progress]:
+        """Slots still to fill, from what the store holds (nothing, for a new run)."""
+        prog = Progress(total_slots=len(self.tasks) * self.run.trials)
+        existing = self.store.attempts(self.run.id)
+        by_slot: dict[tuple[str, int], list[AttemptRow]] = {}
+        for a in existing:
+            by_slot.setdefault((a.task_id, a.slot), []).append(a)
+        pending = []
+        for task in self.tasks:
+            for i in range(self.run.trials):
+                atts = by_slot.get((task.id, i), [])
+                clean = [a for a in atts if a.verdict == "clean"]
+                counted = [a for a in atts if "interrupted" not in (a.reasons or [])]
+                prog.attempts += len(atts)
+                prog.discarded += len(atts) - len(clean)
+                if clean:
+                    if clean[0].outcome == "pass":
+                        prog.passed += 1
+                    else:
+                        prog.failed += 1
+                    continue
+                if len(counted) > self.run.max_reruns:
+                    prog.unmeasured += 1
+                    continue
+                st = SlotState(task=task, slot=i, seed=slot_seed(self.run.seed, task.id, i))
+                st.attempts = max([a.attempt_no for a in atts], default=0)
+                st.budget_used = len(counted)
+                pending.append(st)
+        return pending, prog
+
     def execute(self, on_update: Callable[[Progress, AttemptRow | None], None] | None = None) -> Progress:
         """Run every slot to a clean attempt or to unmeasured. Ctrl-C removes the run's
-        containers and marks the run interrupted."""
-        self.store.add_run(self.run)
+        containers and marks the run interrupted (resumable with ``harness run --resume``)."""
+        self.run.controller = f"{socket.gethostname()}:{os.getpid()}"
+        if getattr(self, "_resuming", False):
+            self.store.update_run(self.run.id, status="running", controller=self.run.controller, concurrency=self.run.concurrency)
+        else:
+            self.store.add_run(self.run)
         self.artifacts.mkdir(parents=True, exist_ok=True)
         pin_controller(self.pool)
         # containers of a dead controller are leftovers: remove them before leasing cores
         sweep_containers(self.client, only_dead_owners=True)
+        pending, prog = self.pending_slots()
         slots: "queue.Queue[SlotState]" = queue.Queue()
-        for task in self.tasks:
-            for i in range(self.run.trials):
-                slots.put(SlotState(task=task, slot=i, seed=slot_seed(self.run.seed, task.id, i)))
-        prog = Progress(total_slots=slots.qsize())
+        for st in pending:
+            slots.put(st)
         lock = threading.Lock()
         errors: list[BaseException] = []
+        if on_update:
+            on_update(prog, None)
 
         def worker() -> None:
             while not self._stop.is_set():
                 try:
-                    st = slots.get_nowait()
+                    st = slots.get(timeout=0.2)
                 except queue.Empty:
-                    return
+                    with lock:
+                        if self._busy == 0 and slots.empty():
+                            return
+                    continue
+                with lock:
+                    self._busy += 1
                 try:
                     row = self._run_slot_attempt(st)
                 except BaseException as e:  # a bug in the controller: stop the run, keep the data
                     errors.append(e)
                     self._stop.set()
                     return
+                finally:
+                    with lock:
+                        self._busy -= 1
+                if self._stop.is_set():
+                    return
+                if "infra_error" in row.reasons:
+                    # an engine restart: wait for it to answer before burning the slot's budget
+                    wait_for_engine(self.client, timeout=120, stop=self._stop)
                 with lock:
                     prog.attempts += 1
                     if row.verdict == "clean":
@@ -244,9 +344,7 @@ class Runner:
                             prog.failed += 1
                     else:
                         prog.discarded += 1
-                        if row.reasons and all(r in ("cpu_throttled", "memory_pressure") for r in row.reasons):
-                            st.envelope_breaches += 1
-                        if st.attempts > self.run.max_reruns:
+                        if st.budget_used > self.run.max_reruns:
                             prog.unmeasured += 1
                         else:
                             slots.put(st)
@@ -261,18 +359,25 @@ class Runner:
                 while t.is_alive():
                     t.join(timeout=0.2)
         except KeyboardInterrupt:
-            self._stop.set()
-            from harness.sandbox import remove_all_live
-
-            remove_all_live()
-            sweep_containers(self.client, run_id=self.run.id)
-            self.store.set_run_status(self.run.id, "interrupted")
+            self.interrupt()
             raise
         if errors:
             self.store.set_run_status(self.run.id, "failed")
             raise errors[0]
         self.store.set_run_status(self.run.id, "complete")
         return prog
+
+    def interrupt(self) -> None:
+        """Stop scheduling, remove this run's containers now, mark the run interrupted."""
+        from harness.sandbox import remove_all_live
+
+        self._stop.set()
+        remove_all_live()
+        try:
+            sweep_containers(self.client, run_id=self.run.id)
+        except docker.errors.DockerException:
+            pass
+        self.store.set_run_status(self.run.id, "interrupted")
 
     def _fixture_db(self, task: Task) -> Path:
         with self._fixture_lock:
@@ -287,6 +392,7 @@ class Runner:
 
     def _run_slot_attempt(self, st: SlotState) -> AttemptRow:
         st.attempts += 1
+        st.budget_used += 1
         profile = self.profile.with_override(st.task.envelope)
         cpuset = self.pool.lease(profile.cores)
         with self._inflight_lock:
@@ -311,16 +417,36 @@ class Runner:
             with self._inflight_lock:
                 self._inflight -= 1
             self.pool.release(cpuset)
-        if row.verdict == "discarded" and st.attempts > self.run.max_reruns:
+        if self._stop.is_set() and row.verdict == "discarded":
+            # the controller was stopped under this attempt: evidence, but not the slot's fault
+            row.reasons = ["interrupted"]
+            st.budget_used -= 1
+        elif row.verdict == "discarded" and st.budget_used > self.run.max_reruns:
             envelope_only = row.reasons and all(r in ("cpu_throttled", "memory_pressure") for r in row.reasons)
             note = (
-                f"slot unmeasured after {st.attempts} attempts: the envelope is too small for task {st.task.id}"
+                f"slot unmeasured after {st.budget_used} attempts: the envelope is too small for task {st.task.id}"
                 if envelope_only
-                else f"slot unmeasured after {st.attempts} attempts (rerun budget {self.run.max_reruns} spent)"
+                else f"slot unmeasured after {st.budget_used} attempts (rerun budget {self.run.max_reruns} spent)"
             )
             row.error = (row.error + "; " if row.error else "") + note
         self.store.add_attempt(row, samples)
         return row
+
+
+def wait_for_engine(client: docker.DockerClient, timeout: float, stop: threading.Event | None = None) -> bool:
+    """Block until the engine answers a ping (after a restart), up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while time.monotonic() < deadline:
+        if stop is not None and stop.is_set():
+            return False
+        try:
+            client.ping()
+            return True
+        except Exception:
+            time.sleep(delay)
+            delay = min(2.0, delay * 1.5)
+    return False
 
 
 def pin_controller(pool: CpuPool) -> None:

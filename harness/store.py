@@ -34,6 +34,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
 DEFAULT_HOME = ".harness"
+SCHEMA_VERSION = 1
 
 
 class StoreError(RuntimeError):
@@ -84,6 +85,7 @@ class RunRow(Base):
     sweep_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     artifacts_dir: Mapped[str] = mapped_column(Text, default="")
     note: Mapped[str] = mapped_column(Text, default="")
+    controller: Mapped[str] = mapped_column(String(128), default="")  # host:pid of the process running it
     attempts: Mapped[list["AttemptRow"]] = relationship(back_populates="run", order_by="AttemptRow.id")
 
 
@@ -202,6 +204,11 @@ class Store:
         try:
             if create:
                 Base.metadata.create_all(engine)
+                _add_missing_columns(engine)
+                if engine.dialect.name == "sqlite":
+                    # a real write now, so a read-only or locked store fails before a run starts
+                    with engine.begin() as conn:
+                        conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
             else:
                 with engine.connect():
                     pass
@@ -228,6 +235,14 @@ class Store:
             if samples:
                 s.bulk_insert_mappings(SampleRow, [{**x, "attempt_id": attempt.id} for x in samples])
             return attempt.id
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        with self._tx() as s:
+            r = s.get(RunRow, run_id)
+            if r is None:
+                raise StoreError(f"run {run_id!r}: no such run")
+            for k, v in fields.items():
+                setattr(r, k, v)
 
     def set_run_status(self, run_id: str, status: str, finished: bool = True) -> None:
         with self._tx() as s:
@@ -308,6 +323,21 @@ class _Tx:
             self.s.close()
         if isinstance(ev, OperationalError):
             raise StoreError(_explain(self.store.url, ev)) from None
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Forward-only schema upgrade: add columns a newer harness defines to an older database
+    (nullable, so old rows stay valid). Nothing is ever dropped."""
+    from sqlalchemy import inspect, text
+
+    insp = inspect(engine)
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            have = {c["name"] for c in insp.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in have:
+                    ddl = col.type.compile(dialect=engine.dialect)
+                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {ddl}'))
 
 
 def _explain(url: str, e: OperationalError) -> str:

@@ -1,0 +1,148 @@
+"""Faults with real processes: kill -9 of the controller, Ctrl-C, leftovers, a locked store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness.sandbox import LABEL, LABEL_RUN
+from harness.store import Store
+
+pytestmark = pytest.mark.docker
+
+PROBE = str(Path(__file__).parent / "suites" / "probe")
+
+
+def start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home"), "PROBE_BURN": "0.6"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+    )
+
+
+def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home"), "PROBE_BURN": "0.6"}
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+
+
+def wait_attempts(db: Path, n: int, timeout: float = 120) -> str:
+    """Wait until the run in ``db`` has stored ``n`` attempts; return its id."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if db.exists():
+            try:
+                c = sqlite3.connect(db)
+                rows = c.execute("select run_id, count(*) from attempts group by run_id").fetchall()
+                c.close()
+                if rows and rows[0][1] >= n:
+                    return rows[0][0]
+            except sqlite3.Error:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"run did not store {n} attempts in {timeout}s")
+
+
+def run_containers(client, run_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+
+
+def assert_each_slot_once(store: Store, run_id: str, tasks: int, trials: int) -> None:
+    atts = store.attempts(run_id)
+    clean = Counter((a.task_id, a.slot) for a in atts if a.verdict == "clean")
+    assert len(clean) == tasks * trials, sorted(clean)
+    assert set(clean.values()) == {1}, "a slot was filled twice"
+    keys = Counter((a.task_id, a.slot, a.attempt_no) for a in atts)
+    assert set(keys.values()) == {1}, "duplicate attempt numbers"
+
+
+def test_kill_9_then_resume_fills_every_slot_exactly_once(docker_client, tmp_path):
+    db = tmp_path / "h.db"
+    p = start(tmp_path, "run", "--suite", PROBE, "--trials", "5", "--max-reruns", "20", "--db", f"sqlite:///{db}")
+    run_id = wait_attempts(db, 3)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=10)
+    # the attempt in flight may have left its container: the resume's start-up sweep removes it
+    r = run_cli(tmp_path, "run", "--resume", run_id, "--db", f"sqlite:///{db}", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["run_id"] == run_id
+    assert all(t["n"] == 5 for t in out["tasks"])
+    store = Store.open(f"sqlite:///{db}", create=False)
+    assert_each_slot_once(store, run_id, tasks=2, trials=5)
+    assert store.get_run(run_id).status == "complete"
+    assert not run_containers(docker_client, run_id)
+
+
+def test_ctrl_c_removes_containers_fast_and_run_is_resumable(docker_client, tmp_path):
+    db = tmp_path / "h.db"
+    p = start(tmp_path, "run", "--suite", PROBE, "--trials", "6", "--max-reruns", "20", "--db", f"sqlite:///{db}")
+    run_id = wait_attempts(db, 2)
+    # wait until an attempt's container is up, then interrupt in the middle of it
+    deadline = time.monotonic() + 30
+    while not run_containers(docker_client, run_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert p.returncode != 0
+    assert not run_containers(docker_client, run_id)
+    store = Store.open(f"sqlite:///{db}", create=False)
+    assert store.get_run(run_id).status == "interrupted"
+    r = run_cli(tmp_path, "run", "--resume", run_id, "--db", f"sqlite:///{db}", "--json")
+    assert r.returncode == 0, r.stderr
+    assert_each_slot_once(store, run_id, tasks=2, trials=6)
+    # an attempt cut short by Ctrl-C is kept as evidence, marked interrupted, never scored
+    for a in store.attempts(run_id):
+        if "interrupted" in (a.reasons or []):
+            assert a.verdict == "discarded"
+
+
+def test_startup_sweep_removes_leftovers_of_a_dead_controller(docker_client, tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    left = docker_client.containers.run(
+        "harness/sandbox:latest", ["sleep", "600"], detach=True, network_mode="none",
+        labels={LABEL: "1", "dev.harness.owner-pid": dead, LABEL_RUN: "r-dead"},
+    )
+    r = run_cli(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--tasks", "append", "--db", f"sqlite:///{tmp_path}/h.db", "--json")
+    assert r.returncode == 0, r.stderr
+    assert not run_containers(docker_client, "r-dead")
+    try:
+        left.remove(force=True)
+    except Exception:
+        pass
+
+
+def test_read_only_store_is_a_clear_error(docker_client, tmp_path):
+    db = tmp_path / "h.db"
+    Store.open(f"sqlite:///{db}")  # an existing store...
+    url = f"sqlite:///file:{db}?mode=ro&uri=true"  # ...opened read-only by the driver
+    r = run_cli(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--db", url)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "read-only" in r.stderr and "--db" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_locked_store_is_a_clear_error(docker_client, tmp_path):
+    db = tmp_path / "h.db"
+    Store.open(f"sqlite:///{db}")
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        r = run_cli(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--db", f"sqlite:///{db}")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "locked" in r.stderr, r.stderr
