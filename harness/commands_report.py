@@ -87,11 +87,13 @@ def report(
     k: Optional[int] = typer.Option(None, "--k", help="The gate's k: junit fails a task whose pass^k < 1, and tasks sort by it. Default: the run's largest k."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
-    """Report one run, recomputed from its stored attempts: identity, per-task ✓/✗ rows
-    (worst first) with pass@1 [Wilson CI], pass^k and failure kinds; suite pass@1 / pass@k /
-    pass^k with cluster-bootstrap CIs beside the naive mean(p)^k; buckets; discarded attempts
-    (with a selection-bias warning for tasks discarded far more than the rest); unmeasured
-    slots; drift and overdispersion checks.
+    """Report one run, recomputed from its stored attempts (nothing cached).
+
+    Identity of the run; per-task ✓/✗ rows, worst first, with pass@1 and its
+    Wilson CI, pass^k and failure kinds; suite pass@1 / pass@k / pass^k with
+    cluster-bootstrap CIs beside the naive mean(p)^k; buckets; discarded
+    attempts by reason and task (selection-bias warning for a task discarded
+    far more than the rest); unmeasured slots; drift and overdispersion.
 
     Examples:
 
@@ -138,13 +140,14 @@ def gate(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
-    """Check a run against requirements: exit 0 when all hold, 1 when one fails (with
-    by how much), 2 on a usage error (bad requirement, k not measured in the run, unknown run).
+    """Check a run against requirements; exit 0 if all hold, 1 if one fails.
 
-    METRIC is pass@K or pass^K (pass@1 for the single-try rate), OP one of >= > <= < ==,
-    VALUE in [0, 1]. K must be one of the k values fixed for the run. Suite figures average
-    per-task estimates over tasks with at least K clean trials; unmeasured slots are never
-    counted, and a metric that cannot be computed at all fails the gate.
+    METRIC OP VALUE: METRIC is pass@K or pass^K (pass@1 = single-try rate),
+    OP one of >= > <= < ==, VALUE in [0, 1]; K must be a k fixed for the run.
+    Suite figures average per-task estimates over tasks with at least K clean
+    trials. Unmeasured slots are never counted; a metric that cannot be
+    computed fails the gate. Usage errors (bad requirement, k not measured,
+    unknown run) exit 2.
 
     Examples:
 
@@ -177,7 +180,7 @@ def gate(
     store = open_store(db, create=False)
     row, attempts = _load(store, run)
     for req in [*reqs, *(r for (r, _), _ in pts)]:
-        problem = check_k(row, req.k)
+        problem = check_k(row, req.k, fixed_only=False)
         if problem:
             die(escape(f"requirement {req.text!r}: {problem}"))
     tasks = task_summaries(row, attempts)
@@ -230,11 +233,12 @@ def compare(
     fmt: CompareFormat = typer.Option(CompareFormat.table, "--format", "-f", help="table, json or markdown."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
-    """Paired comparison of two runs on their common tasks: per-task deltas, suite deltas
-    with paired bootstrap CIs, the paired test and its p-value, tasks only in A or B.
+    """Paired comparison of two runs on their common tasks (deltas B − A).
 
-    Refuses (exit 2) when the suite (name or hash) or the profile differ, saying what
-    differs, unless --allow-mismatch; other identity differences (image digest, agent,
+    Per-task deltas, suite deltas with paired bootstrap CIs, the paired test
+    and its p-value, tasks only in A or B. Refuses (exit 2) when the suite
+    (name or hash) or the profile differ, saying what differs, unless
+    --allow-mismatch; other identity differences (image digest, agent,
     harness version, host, cgroup version) are printed as warnings.
 
     Examples:

@@ -42,13 +42,13 @@ class StateError(Exception):
 class State(dict):
     """A snapshot: table -> rows (column -> value), rows sorted by key.
 
-    ``keys[table]`` are the columns identifying a row: the primary key, or ``rowid`` (then
-    included in the rows) for tables without one. ``columns[table]`` lists the real columns."""
+    ``key_columns[table]`` identify a row: the primary key, or ``rowid`` (then included in
+    the rows) for tables without one. ``columns[table]`` lists the table's real columns."""
 
     def __init__(self, tables: dict[str, list[dict[str, Any]]] | None = None,
-                 keys: dict[str, list[str]] | None = None, columns: dict[str, list[str]] | None = None):
+                 key_columns: dict[str, list[str]] | None = None, columns: dict[str, list[str]] | None = None):
         super().__init__(tables or {})
-        self.keys: dict[str, list[str]] = dict(keys or {})
+        self.key_columns: dict[str, list[str]] = dict(key_columns or {})
         self.columns: dict[str, list[str]] = dict(columns or {})
 
 
@@ -101,7 +101,9 @@ class Check(_M):
     """One graded condition."""
 
     name: str = Field(..., description="Expectation name, 'unchanged: TABLE' or 'no extra effects'.")
-    kind: Literal["expect", "unchanged", "extra_effects"] = Field(..., description="Which part of the task it checks.")
+    kind: Literal["state", "expect", "unchanged", "extra_effects"] = Field(
+        ..., description="Which part it checks: 'state' (the final state could be read), an expectation, "
+        "an unchanged table, or the extra-effects diff.")
     passed: bool = Field(..., description="Whether the condition holds.")
     detail: str | None = Field(None, description="One line on what was found when it failed.")
 
@@ -181,7 +183,7 @@ def snapshot_state(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, time_limit
             cur = conn.execute(select)
             cols = [d[0] for d in cur.description]
             state[name] = [dict(zip(cols, row)) for row in cur]
-            state.keys[name] = key
+            state.key_columns[name] = key
             state.columns[name] = columns
         return state
     except sqlite3.Error as e:
@@ -217,7 +219,7 @@ def _columns_of(state: dict, table: str) -> list[str]:
 
 def _key_of(before: dict, after: dict, table: str) -> list[str]:
     for s in (before, after):
-        k = getattr(s, "keys", {}).get(table) if isinstance(s, State) else None
+        k = s.key_columns.get(table) if isinstance(s, State) else None
         if k:
             return k
     rows = (before.get(table) or []) + (after.get(table) or [])
@@ -421,7 +423,7 @@ def grade(task: Task, fixture_db: Path, final_db: Path | None, *, max_bytes: int
         msg = str(e)
         reason = msg if msg.startswith("final state is ") and "over the cap" in msg else NOT_READABLE
         return Grade(passed=False, reason=reason,
-                     checks=[Check(name="readable final state", kind="expect", passed=False, detail=_one_line(msg))])
+                     checks=[Check(name="readable final state", kind="state", passed=False, detail=_one_line(msg))])
     diff = diff_states(before, after)
     checks: list[Check] = []
     try:

@@ -262,60 +262,78 @@ def _style(text: str, hot: bool, style: str = "bold red") -> Text:
     return Text(text, style=style if hot else "")
 
 
-def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str) -> Table:
-    """The rich table of ``harness trials``: saturated values in color."""
-    t = Table(title=title, show_lines=False, pad_edge=False, title_justify="left")
-    cols = [
-        ("id", "right"), ("task", "left"), ("slot", "right"), ("att", "right"), ("verdict", "left"),
-        ("outcome", "left"), ("exit", "right"), ("wall s", "right"), ("cpuset", "left"), ("cpu s", "right"),
-        ("throttled (n)", "right"), ("mem peak / ceiling", "right"), ("mem hits", "right"), ("oom", "right"),
-        ("pids peak/hits", "right"), ("foreign cpu", "right"), ("host psi cpu/mem/io", "right"), ("steal", "right"),
-    ]
-    for name, j in cols:
-        t.add_column(name, justify=j, overflow="fold")
+#: trials table columns, most important first: on a narrow terminal the tail is dropped.
+_TABLE_PRIORITY = [
+    "id", "task", "slot/att", "result", "throttled (n)", "mem peak (ceil)", "oom", "foreign cpu", "wall s",
+    "pids peak/hits", "mem hits", "cpu s", "exit", "host psi cpu/mem/io", "steal", "cpuset",
+]
+
+
+def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str, width: int | None = None) -> tuple[Table, list[str]]:
+    """The rich table of ``harness trials``, saturated values in color. Columns that do not
+    fit in ``width`` are left out, least important first; returns (table, hidden columns)."""
+    cols: dict[str, tuple[str, list[Text]]] = {}
+
+    def col(name: str, justify: str, cell: Any) -> None:
+        cols.setdefault(name, (justify, []))[1].append(cell if isinstance(cell, Text) else Text(str(cell)))
+
     for r in rows:
         sat = set(r["saturated"])
+        # one column for verdict and outcome: discarded attempts have no outcome
         if r["verdict"] == "discarded":
-            verdict = Text("discarded", style="yellow")
+            result = Text("discarded", style="bold yellow")
             if r["reasons"]:
-                verdict.append("\n" + ", ".join(r["reasons"]), style="dim yellow")
+                result.append("\n" + "\n".join(r["reasons"]), style="yellow")
+        elif r["outcome"] == "pass":
+            result = Text("pass", style="green")
         else:
-            verdict = Text("clean", style="green")
-        if r["outcome"] == "pass":
-            outcome = Text("pass", style="green")
-        elif r["outcome"] == "fail":
-            outcome = Text("fail" + (f" {r['failure_kind']}" if r["failure_kind"] else ""), style="red")
-        else:
-            outcome = Text("-", style="dim")
-        thr = f"{pct(r['throttled_share'])} ({_num(r['nr_throttled'])})"
-        mem = f"{format_size(r['memory_peak'])} / {format_size(r['memory_max'])} ({pct(r['memory_peak_share'], 0)})"
+            result = Text(r["outcome"] or "-", style="red")
+            if r["failure_kind"]:
+                result.append("\n" + r["failure_kind"], style="red")
         host = Text()
         host.append(pct(r["host_psi_cpu"]))
         host.append(" / ")
         host.append(_style(pct(r["host_psi_memory"]), "host_memory" in sat))
         host.append(" / ")
         host.append(_style(pct(r["host_psi_io"]), "host_io" in sat))
-        t.add_row(
-            str(r["id"]),
-            r["task"],
-            str(r["slot"]),
-            str(r["attempt"]),
-            verdict,
-            outcome,
-            _num(r["exit_code"]),
-            "-" if r["wall_s"] is None else f"{r['wall_s']:.2f}",
-            r["cpuset"] or "-",
-            "-" if r["cpu_s"] is None else f"{r['cpu_s']:.2f}",
-            _style(thr, "throttled" in sat),
-            _style(mem, "memory" in sat),
-            _style(_num(r["memory_limit_hits"]), "memory_limit" in sat),
-            _style(_num(r["oom_kills"]), "oom" in sat),
-            _style(f"{_num(r['pids_peak'])}/{_num(r['pids_limit_hits'])}", "pids" in sat),
-            _style(pct(r["foreign_cpu_share"]), "foreign_cpu" in sat),
-            host,
-            _style(pct(r["steal_share"]), "steal" in sat),
-        )
-    return t
+        col("id", "right", r["id"])
+        col("task", "left", r["task"])
+        col("slot/att", "right", f"{r['slot']}/{r['attempt']}")
+        col("result", "left", result)
+        col("exit", "right", _num(r["exit_code"]))
+        col("wall s", "right", "-" if r["wall_s"] is None else f"{r['wall_s']:.2f}")
+        col("cpuset", "left", r["cpuset"] or "-")
+        col("cpu s", "right", "-" if r["cpu_s"] is None else f"{r['cpu_s']:.2f}")
+        col("throttled (n)", "right", _style(f"{pct(r['throttled_share'])} ({_num(r['nr_throttled'])})", "throttled" in sat))
+        col("mem peak (ceil)", "right", _style(f"{format_size(r['memory_peak'])} ({pct(r['memory_peak_share'], 0)})", "memory" in sat))
+        col("mem hits", "right", _style(_num(r["memory_limit_hits"]), "memory_limit" in sat))
+        col("oom", "right", _style(_num(r["oom_kills"]), "oom" in sat))
+        col("pids peak/hits", "right", _style(f"{_num(r['pids_peak'])}/{_num(r['pids_limit_hits'])}", "pids" in sat))
+        col("foreign cpu", "right", _style(pct(r["foreign_cpu_share"]), "foreign_cpu" in sat))
+        col("host psi cpu/mem/io", "right", host)
+        col("steal", "right", _style(pct(r["steal_share"]), "steal" in sat))
+
+    def need(name: str) -> int:
+        cells = cols[name][1] if name in cols else []
+        longest = max([len(name)] + [len(line) for c in cells for line in c.plain.splitlines() or [""]])
+        return longest + 3  # padding both sides and the border
+
+    keep: list[str] = []
+    used = 1
+    for name in _TABLE_PRIORITY:
+        w = need(name)
+        if width is not None and used + w > width and keep:
+            continue
+        keep.append(name)
+        used += w
+    order = [n for n in cols or {n: None for n in _TABLE_PRIORITY} if n in keep] if cols else keep
+    hidden = [n for n in _TABLE_PRIORITY if n not in keep]
+    t = Table(title=title, title_justify="left", pad_edge=True)
+    for name in order:
+        t.add_column(name, justify=cols[name][0] if name in cols else "left", no_wrap=True)
+    for i in range(len(rows)):
+        t.add_row(*[cols[name][1][i] for name in order])
+    return t, hidden
 
 
 # ----------------------------------------------------------------------------- show
@@ -407,18 +425,16 @@ def envelope_rows(a: Any, run_profile: dict | None) -> list[dict[str, Any]]:
         if e.get("cpus") is None:
             return None
         period = int(e.get("cpu_period_us") or 100_000)
-        return f"{round(e['cpus'] * period)}/{period} us ({e['cpus']:g} cores)"
+        return f"{round(e['cpus'] * period)}/{period}"
 
     applied_quota = None
     if ap.get("cpu_period_us"):
         q = ap.get("cpu_quota_us")
-        applied_quota = (
-            f"{q}/{ap['cpu_period_us']} us ({q / ap['cpu_period_us']:g} cores)" if q is not None else "unlimited"
-        )
+        applied_quota = f"{q}/{ap['cpu_period_us']}" if q is not None else "unlimited"
     cpuset_applied = ",".join(map(str, ap["cpuset_cpus"])) if ap.get("cpuset_cpus") is not None else None
     rows = [
-        ("cpu quota", quota(prof), quota(env), applied_quota),
-        ("cpuset", f"{prof.get('cores', '-')} core(s), leased", a.cpuset or None, cpuset_applied),
+        ("cpu quota/period us", quota(prof), quota(env), applied_quota),
+        ("cpuset", f"{prof.get('cores', '-')} leased", a.cpuset or None, cpuset_applied),
         ("memory", _size(prof.get("memory")), _size(env.get("memory")), _size(ap.get("memory_max")) if ap else None),
         (
             "memory + swap",
@@ -441,13 +457,17 @@ def envelope_rows(a: Any, run_profile: dict | None) -> list[dict[str, Any]]:
         t = env["timeouts"]
         pt = prof.get("timeouts") or {}
         out.append({
-            "setting": "timeouts setup/agent/grade s",
-            "profile": "/".join(_num(pt.get(k)) for k in ("setup", "agent", "grade")),
-            "attempt": "/".join(_num(t.get(k)) for k in ("setup", "agent", "grade")),
+            "setting": "timeouts s (setup/agent/grade)",
+            "profile": "/".join(_g(pt.get(k)) for k in ("setup", "agent", "grade")),
+            "attempt": "/".join(_g(t.get(k)) for k in ("setup", "agent", "grade")),
             "applied": None,
             "match": None,
         })
     return out
+
+
+def _g(v: Any) -> str:
+    return "-" if v is None else (f"{v:g}" if isinstance(v, (int, float)) else str(v))
 
 
 def _size(v: Any) -> str | None:

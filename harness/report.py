@@ -61,24 +61,22 @@ def task_summaries(run: Any, attempts: Iterable[Any]) -> list[TaskSummary]:
     return [TaskSummary(task=t, slots=v, ks=list(run.ks)) for t, v in views.items()]
 
 
-def task_outcomes(run: Any, attempts: Iterable[Any]) -> list[TaskOutcomes]:
-    """Clean outcomes per task in trial order, the estimator's input."""
-    return [TaskOutcomes(task_id=t.task, trials=t.outcomes) for t in task_summaries(run, attempts)]
-
-
 def run_ks(run: Any) -> list[int]:
     """The k values fixed for the run (always including 1)."""
     return sorted({1, *(int(k) for k in run.ks)})
 
 
-def check_k(run: Any, k: int) -> str | None:
-    """None when k was measured in the run; otherwise the reason (for a usage error)."""
+def check_k(run: Any, k: int, fixed_only: bool = True) -> str | None:
+    """None when k can be used for the run; otherwise the reason (for a usage error).
+
+    Reports use only the k values the suite fixed before the run. A gate may name any
+    k <= trials: its requirement is written into CI before the run, so it is not chosen after."""
     ks = run_ks(run)
     if k < 1:
         return f"k={k}: k must be >= 1"
     if k > run.trials:
         return f"k={k} exceeds the {run.trials} trials per task of run {run.id}; measured k: {_ks_text(ks)}"
-    if k not in ks:
+    if fixed_only and k not in ks:
         return (
             f"k={k} was not fixed for run {run.id} (measured k: {_ks_text(ks)}); k is chosen by the "
             "suite before the run, not after -- use one of those"
@@ -354,6 +352,8 @@ def build_report(
         excl = sm.by_k[kk].excluded
         if excl and len(excl) < len(outs):
             warnings.append(f"k={kk}: {len(excl)} task(s) with fewer than {kk} clean trials left out: {', '.join(excl)}")
+        elif excl and kk == 1:
+            warnings.append("no task has a clean trial yet; no figure can be computed")
         elif excl:
             warnings.append(f"k={kk}: no task has {kk} clean trials; pass@{kk} / pass^{kk} cannot be computed")
     if drift.get("p_value") is not None and drift["p_value"] < 0.05:
@@ -638,7 +638,10 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
                 )
             )
         if r["pending"]:
-            ublocks.append(TextBlock([f"never ran: " + ", ".join(f"{p['task']} trial {p['slot']}" for p in r["pending"])], style="warn"))
+            per: dict[str, list[str]] = defaultdict(list)
+            for p in r["pending"]:
+                per[p["task"]].append(str(p["slot"]))
+            ublocks.append(TextBlock(["never ran: " + "; ".join(f"{t} (trials {', '.join(v)})" for t, v in per.items())], style="warn"))
         sections.append(Section("unmeasured", "Unmeasured slots", ublocks))
 
     # ---- diagnostics
@@ -869,9 +872,6 @@ def render_junit(report: dict[str, Any]) -> str:
     ts.extend(cases)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
-
-
-RENDERERS = {"markdown": render_markdown, "html": render_html, "junit": render_junit}
 
 
 # =========================================================================== gate

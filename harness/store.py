@@ -212,6 +212,10 @@ class Store:
             else:
                 with engine.connect():
                     pass
+                try:  # a database from an older harness: add new columns (never drops anything)
+                    _add_missing_columns(engine)
+                except OperationalError:
+                    pass  # read-only: reads of old columns still work
         except OperationalError as e:
             raise StoreError(_explain(url, e)) from None
         return cls(engine, url)

@@ -5,6 +5,11 @@ A suite is a directory::
     suite.toml          name, image, dockerfile, agent_cmd, profile, trials, k, state_sql, ...
     tasks/*.toml        one task per file (sub-directories allowed); `id` = file stem
     *.sql               the common fixture (`state_sql`) and per-task fixture files
+    Dockerfile          the image (build context = the suite directory)
+
+A task's fixture is ``state_sql`` (in order), then its ``fixture`` file, then its inline
+``fixture_sql``; ``Suite.fixture_sql(task)`` returns that script. Paths are relative to the
+suite directory and may not leave it.
 
 Pure module: pydantic models, TOML and stdlib sqlite3 (an in-memory build of every task's
 fixture at load time, so a broken fixture fails at load, not in the middle of a run).
@@ -33,6 +38,7 @@ TASKS_DIR = "tasks"
 _HASH_SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".git"}
 _HASH_SKIP_SUFFIXES = (".pyc", ".pyo", ".swp")
 _HASH_SKIP_NAMES = {".DS_Store"}
+
 
 class SuiteError(ValueError):
     """A suite that cannot be used. One line per problem: ``file: key: message``."""

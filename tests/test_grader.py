@@ -204,7 +204,7 @@ def test_snapshot_is_read_only(refund_one):
     before = final.read_bytes()
     state = snapshot_state(final)
     assert set(state) == {"orders", "refunds", "emails", "notes"}
-    assert state.keys["orders"] == ["id"] and state.keys["notes"] == ["rowid"]
+    assert state.key_columns["orders"] == ["id"] and state.key_columns["notes"] == ["rowid"]
     assert state["orders"][0] == {"id": 1003, "customer": "ana", "status": "shipped", "total_cents": 5000}
     assert final.read_bytes() == before
     assert not Path(str(final) + "-journal").exists()
@@ -248,8 +248,8 @@ def test_grade_is_json_serializable_with_blobs(refund_one):
 
 
 def test_state_is_a_dict():
-    s = State({"t": []}, keys={"t": ["id"]})
-    assert dict(s) == {"t": []} and s.keys == {"t": ["id"]}
+    s = State({"t": []}, key_columns={"t": ["id"]})
+    assert dict(s) == {"t": []} and list(s.keys()) == ["t"] and s.key_columns == {"t": ["id"]}
 
 
 def test_task_without_expectations_still_checks_extra_effects(refund_one):

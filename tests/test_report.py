@@ -182,21 +182,22 @@ def test_unmeasured_slots_and_failure_kinds(db):
 
 def test_report_is_recomputed_when_an_attempt_is_added(db):
     store, url = db
-    add_run(store, "run-grow", {"t1": "✓✓✓✓", "t2": "✓✗✓✗"}, ks=(1, 2))
+    add_run(store, "run-grow", {"t1": "✓✓✓✓", "t2": "✓✗✓"}, ks=(1, 2, 4))  # t2's last slot never ran
     before = report_json(url, "run-grow")
-    assert before["suite"]["pass@1"]["estimate"] == pytest.approx(0.75)
-    # a later clean attempt on a new slot beyond the run's trials is ignored; a slot's first
-    # clean attempt counts. So add to a fresh run slot: extend the run's task set instead.
-    with store.session() as s:
-        s.get(RunRow, "run-grow").task_ids = ["t1", "t2", "t3"]
-        s.commit()
-    add_attempt(store, "run-grow", "t3", 0, 1, verdict="clean", outcome="fail", failure_kind="timeout")
+    rows = {t["task"]: t for t in before["tasks"]}
+    assert rows["t2"]["marks"] == "✓✗✓?" and rows["t2"]["metrics"]["pass^4"] is None
+    assert before["suite"]["pass@1"]["estimate"] == pytest.approx((1 + 2 / 3) / 2)
+    assert any("never ran" in w for w in before["warnings"])
+
+    add_attempt(store, "run-grow", "t2", 3, 1, verdict="clean", outcome="fail", failure_kind="timeout")
     after = report_json(url, "run-grow")
-    assert after["attempts"]["total"] == before["attempts"]["total"] + 1
     rows = {t["task"]: t for t in after["tasks"]}
-    assert rows["t3"]["marks"] == "✗???" and rows["t3"]["failure_kinds"]["timeout"] == 1
-    assert after["suite"]["pass@1"]["estimate"] == pytest.approx((1 + 0.5 + 0) / 3)
-    assert after["pending"] and any("never ran" in w for w in after["warnings"])
+    assert after["attempts"]["total"] == before["attempts"]["total"] + 1
+    assert rows["t2"]["marks"] == "✓✗✓✗" and rows["t2"]["failure_kinds"]["timeout"] == 1
+    assert rows["t2"]["metrics"]["pass^4"] == 0.0
+    assert after["suite"]["pass@1"]["estimate"] == pytest.approx((1 + 0.5) / 2)
+    assert next(b for b in after["suite"]["by_k"] if b["k"] == 4)["pass^k"]["estimate"] == pytest.approx(0.5)
+    assert not after["pending"]
 
 
 def test_discarded_attempt_added_to_a_slot_changes_discards(db):
@@ -279,6 +280,10 @@ def test_every_format_renders(mixed, tmp_path):
     assert r.exit_code == 0, r.output
     for text in ("t1", "t5", "✓✗✓✗✓", "naive", "pass^4", "Buckets", "Unmeasured slots", "drift", "overdispersion", "sha-suite-1"):
         assert text in r.stdout, text
+
+    out = tmp_path / "r.txt"
+    assert cli("report", "run-mixed", "--out", out, "--db", url).exit_code == 0
+    assert "Tasks (worst first)" in out.read_text(encoding="utf-8")
 
     # json
     rep = report_json(url, "run-mixed")

@@ -20,6 +20,8 @@ $REFUNDBOT_MEMORY_SCALE), so a tight envelope produces throttling, timeouts and 
 
 Every thought, tool call and tool result is a line of JSON in $HARNESS_TRANSCRIPT
 (default /work/transcript.jsonl). Exit 0 when it believes it is done, 1 on an internal error.
+The tools are found as $REFUNDS_TOOL (a command line), else `refunds` on PATH, else the
+refunds.py next to this file (how host-side tests run it without Docker).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class Agent:
         self.context_bytes = 0
         self.iterations = 0
         self.writes = 0
-        self.log("start", seed=seed, slips=sorted(k for k, v in self.slip.items() if v),
+        self.log("start", seed=seed, task=os.environ.get("HARNESS_TASK_ID"), slips=sorted(k for k, v in self.slip.items() if v),
                  context_target_mib=round(self.context_target / MiB, 1))
 
     # ------------------------------------------------------------------ plumbing

@@ -1,0 +1,409 @@
+"""`harness trials`, `show`, `samples` and `gc`: pure helpers on plain data, then the
+commands over real runs of the probe suite (one clean run and one beside a noisy
+neighbor, made once for the module) read back against the stored rows."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+import harness.commands  # noqa: F401  (registers run/suites/runs)
+import harness.commands_inspect  # noqa: F401  (registers trials/show/samples/gc)
+import harness.commands_report  # noqa: F401  (registers report/gate/compare)
+from harness.cli import app
+from harness.inspect_views import (
+    SAMPLE_FIELDS,
+    TRIAL_COLUMNS,
+    TRIAL_FIELDS,
+    Thresholds,
+    csv_value,
+    derive_series,
+    headline,
+    parse_age,
+    sort_rows,
+    sparkline,
+    trial_row,
+    trials_table,
+)
+
+PROBE = str(Path(__file__).parent / "suites" / "probe")
+cli = CliRunner()
+
+
+def invoke(*args: str):
+    return cli.invoke(app, list(args))
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def fake_attempt(**kw):
+    """An AttemptRow-like object with every column trial_row reads."""
+    base = dict(
+        id=7, run_id="r1", task_id="t", slot=0, attempt_no=1, verdict="clean", reasons=[], rules=[], outcome="pass",
+        failure_kind=None, grade_reason=None, exit_code=0, timed_out=False, wall_s=2.0, agent_wall_s=1.0, cpuset="1",
+        concurrent=1, envelope={"cpus": 0.5}, counters={"wall_s": 1.0}, cpu_usage_us=250_000, throttled_us=300_000,
+        throttled_share=0.3, nr_throttled=4, nr_periods=10, memory_peak=950, memory_max=1000, memory_limit_hits=2,
+        memory_high_events=None, oom_kills=1, pids_peak=64, pids_max=64, pids_limit_hits=3, psi_cpu_some_us=None,
+        psi_memory_some_us=1_000_000, psi_io_some_us=0, foreign_cpu_share=0.2, steal_share=0.0, host_psi_cpu=0.1,
+        host_psi_memory=0.0, host_psi_io=0.0, mem_available_min=10, started_at=dt.datetime(2025, 1, 2, 3, 4, 5),
+    )
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_every_field_is_documented_and_in_order():
+    row = trial_row(fake_attempt(), Thresholds())
+    assert list(row) == list(TRIAL_FIELDS)
+    for name, (unit, meaning) in {**TRIAL_FIELDS, **SAMPLE_FIELDS}.items():
+        assert unit and meaning.strip(), name
+    assert set(TRIAL_COLUMNS) <= set(TRIAL_FIELDS)
+    out = invoke("trials", "--fields")
+    assert out.exit_code == 0
+    lines = out.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines] == list(TRIAL_FIELDS)
+    helptext = invoke("trials", "--help").stdout
+    for name in TRIAL_FIELDS:
+        assert name in helptext, name
+    helptext = invoke("samples", "--help").stdout
+    for name in SAMPLE_FIELDS:
+        assert name in helptext, name
+
+
+def test_trial_row_derived_values_and_saturation():
+    row = trial_row(fake_attempt(), Thresholds.from_profile({"sla": {"foreign_cpu_share": 0.1, "throttled_share": None}}))
+    assert row["cpu_s"] == 0.25 and row["throttled_s"] == 0.3
+    assert row["cpu_quota_share"] == pytest.approx(0.5)  # 0.25 s over 1 s at a half-core quota
+    assert row["memory_peak_share"] == 0.95
+    assert row["psi_cpu_some_s"] is None and row["psi_memory_some_s"] == 1.0
+    assert row["started_at"] == "2025-01-02T03:04:05"
+    assert row["saturated"] == ["throttled", "memory", "memory_limit", "oom", "pids", "foreign_cpu"]
+    # the profile's threshold wins over the 10% default
+    assert "foreign_cpu" not in trial_row(fake_attempt(), Thresholds.from_profile({"sla": {"foreign_cpu_share": 0.5}}))["saturated"]
+    quiet = trial_row(
+        fake_attempt(throttled_share=0.01, memory_peak=10, memory_limit_hits=0, oom_kills=0, pids_limit_hits=0, foreign_cpu_share=0.0),
+        Thresholds(),
+    )
+    assert quiet["saturated"] == []
+    assert csv_value(["a", "b"]) == "a;b" and csv_value(None) == "" and csv_value(False) == "false"
+
+
+def test_table_colors_saturated_cells_and_drops_columns_when_narrow():
+    th = Thresholds()
+    hot = trial_row(fake_attempt(), th)
+    calm = trial_row(fake_attempt(id=8, throttled_share=0.0, oom_kills=0, memory_peak=1, foreign_cpu_share=0.0), th)
+    table, hidden = trials_table([hot, calm], th, "t", width=None)
+    assert hidden == []
+    cols = {c.header: c for c in table.columns}
+    cells = {name: list(c._cells) for name, c in cols.items()}
+    assert "red" in str(cells["oom"][0].style) and "red" not in str(cells["oom"][1].style)
+    assert "red" in str(cells["throttled (n)"][0].style) and "red" not in str(cells["throttled (n)"][1].style)
+    assert "red" in str(cells["mem peak (ceil)"][0].style)
+    assert "red" in str(cells["foreign cpu"][0].style)
+    narrow, hidden = trials_table([hot, calm], th, "t", width=60)
+    assert hidden and [c.header for c in narrow.columns][:2] == ["id", "task"]
+
+
+def test_sort_rows_empty_last_and_unknown_field():
+    rows = [{"a": 2}, {"a": None}, {"a": 1}, {"a": 3}]
+    assert [r["a"] for r in sort_rows(rows, "a", ["a"])] == [1, 2, 3, None]
+    assert [r["a"] for r in sort_rows(rows, "-a", ["a"])] == [3, 2, 1, None]
+    with pytest.raises(ValueError, match="valid fields: a, b"):
+        sort_rows(rows, "zz", ["a", "b"])
+
+
+def test_series_and_sparkline():
+    S = lambda t, cpu, thr, mem, f: SimpleNamespace(t=t, cpu_usage_us=cpu, throttled_us=thr, memory_current=mem, pids_current=4, foreign_cpu_us=f)  # noqa: E731
+    ss = [S(0.2, 100_000, 0, 100, 20_000), S(0.4, 150_000, 100_000, 500, 20_000), S(0.6, 150_000, 100_000, 1000, 120_000)]
+    s = derive_series(ss, cpus=0.5, cores=1, memory_max=1000, pids_max=8)
+    assert s["t"] == [0.2, 0.4, 0.6]
+    assert s["cpu"][0] is None and s["cpu"][1:] == pytest.approx([0.5, 0.0])  # 50 ms of 0.2 s at half a core
+    assert s["throttled"][1:] == pytest.approx([0.5, 0.0])
+    assert s["foreign"] == pytest.approx([0.1, 0.0, 0.5])
+    assert s["memory"] == [0.1, 0.5, 1.0] and s["pids"] == [0.5, 0.5, 0.5]
+    assert sparkline([0, 0.5, 1, None, 2]) == "▁▅█ █"
+    assert sparkline([0.0] * 50 + [1.0] + [0.0] * 49, width=10) == "▁▁▁▁▁█▁▁▁▁"  # a spike survives bucketing
+
+
+def test_headline_names_breached_rule_with_value_and_threshold():
+    rules = [
+        {"rule": "envelope_not_applied", "scope": "host", "value": 0, "threshold": 0, "breached": False, "detail": ""},
+        {"rule": "host_cpu_contention", "scope": "host", "value": 0.482, "threshold": 0.1, "breached": True,
+         "detail": "foreign CPU on pinned cores 48.2% > 10.0% (230 ms)"},
+        {"rule": "cpu_throttled", "scope": "envelope", "value": 0.7, "threshold": 0.5, "breached": True, "detail": ""},
+    ]
+    a = fake_attempt(verdict="discarded", reasons=["host_cpu_contention", "cpu_throttled"], rules=rules, outcome=None)
+    assert headline(a) == (
+        "discarded: host_cpu_contention — foreign CPU on pinned cores 48.2% > 10.0% (230 ms); cpu_throttled — 70.0% > 50.0%"
+    )
+    assert headline(fake_attempt(outcome="fail", failure_kind="wrong_state", grade_reason="x")) == "clean: fail (wrong_state) — x"
+
+
+def test_parse_age():
+    assert parse_age("30d") == dt.timedelta(days=30)
+    assert parse_age("12h") == dt.timedelta(hours=12)
+    assert parse_age("90m") == dt.timedelta(minutes=90)
+    for bad in ("30", "d", "30s", "-1d", ""):
+        with pytest.raises(ValueError, match="30d, 12h, 90m"):
+            parse_age(bad)
+
+
+def test_errors_are_one_line_with_the_next_step(tmp_path):
+    db = f"sqlite:///{tmp_path}/none.db"
+    r = invoke("trials", "last", "--db", db)
+    assert r.exit_code == 2 and "no harness database" in r.stderr
+    r = invoke("show", "abc", "--db", db)
+    assert r.exit_code == 2 and "attempt 'abc': expected a numeric attempt id" in r.stderr
+    r = invoke("gc", "--older-than", "soon", "--db", db)
+    assert r.exit_code == 2 and "--older-than 'soon'" in r.stderr
+    for res in (invoke("trials", "last", "--verdict", "dirty", "--db", db), invoke("trials", "last", "--json", "--csv", "--db", db)):
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- real runs
+
+
+def _harness(home: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = {**os.environ, "HARNESS_HOME": str(home), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=300, env=e, cwd=home)
+
+
+@pytest.fixture(scope="module")
+def runs(docker_client, tmp_path_factory):
+    """A clean probe run (2 tasks x 2 trials) and a run of one slot beside a noisy neighbor
+    spinning on the only trial core (rerun budget 0: its attempt stays discarded)."""
+    from harness.images import SANDBOX_IMAGE
+    from harness.store import Store
+
+    home = tmp_path_factory.mktemp("inspect")
+    db = f"sqlite:///{home}/h.db"
+    r = _harness(home, "run", "--suite", PROBE, "--trials", "2", "--db", db, "--json")
+    assert r.returncode == 0, r.stderr
+    clean_run = json.loads(r.stdout)["run_id"]
+
+    cpus = sorted(os.sched_getaffinity(0))
+    reserve = len(cpus) - 1  # leaves exactly one trial core: the last one
+    nb = docker_client.containers.run(
+        SANDBOX_IMAGE,
+        ["python3", "-c", "import time\nt=time.time()\nwhile time.time()-t<60: pass"],
+        detach=True,
+        cpuset_cpus=str(cpus[-1]),
+        network_mode="none",
+        labels={"dev.harness.test": "noisy-neighbor"},  # not dev.harness=1: the run's sweep would remove it
+    )
+    try:
+        time.sleep(0.3)
+        r = _harness(
+            home, "run", "--suite", PROBE, "--tasks", "append", "--trials", "1", "--max-reruns", "0",
+            "--reserve-cores", str(reserve), "--db", db, "--json", env={"PROBE_BURN": "0.8"},
+        )
+    finally:
+        nb.remove(force=True)
+    assert r.returncode == 0, r.stderr
+    noisy_run = json.loads(r.stdout)["run_id"]
+    store = Store.open(db, create=False)
+    return SimpleNamespace(home=home, db=db, store=store, clean=clean_run, noisy=noisy_run)
+
+
+def _expected(a, field):
+    if field in TRIAL_COLUMNS:
+        return getattr(a, TRIAL_COLUMNS[field])
+    return {
+        "reasons": list(a.reasons),
+        "cpu_s": None if a.cpu_usage_us is None else a.cpu_usage_us / 1e6,
+        "throttled_s": None if a.throttled_us is None else a.throttled_us / 1e6,
+        "memory_peak_share": None if not a.memory_max or a.memory_peak is None else a.memory_peak / a.memory_max,
+        "started_at": a.started_at.isoformat(),
+    }.get(field, ...)
+
+
+@pytest.mark.docker
+def test_trials_json_and_csv_equal_the_stored_attempts(runs):
+    attempts = {a.id: a for a in runs.store.attempts(runs.clean)}
+    assert len(attempts) == 4
+    r = invoke("trials", runs.clean, "--json", "--db", runs.db)
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert [x["id"] for x in rows] == sorted(attempts)
+    for x in rows:
+        assert list(x) == list(TRIAL_FIELDS)
+        a = attempts[x["id"]]
+        for f in TRIAL_FIELDS:
+            want = _expected(a, f)
+            if want is not ...:
+                assert x[f] == want, (f, x[f], want)
+        assert x["cpu_s"] > 0 and x["memory_peak"] > 0 and x["foreign_cpu_share"] is not None
+
+    r = invoke("trials", runs.clean, "--csv", "--db", runs.db)
+    assert r.exit_code == 0
+    reader = csv.DictReader(io.StringIO(r.stdout))
+    assert reader.fieldnames == list(TRIAL_FIELDS)
+    crow = list(reader)
+    assert len(crow) == 4
+    for x in crow:
+        a = attempts[int(x["id"])]
+        for f in TRIAL_FIELDS:
+            want = _expected(a, f)
+            if want is not ...:
+                assert x[f] == str(csv_value(want)), (f, x[f], want)
+
+    r = invoke("trials", runs.clean, "--db", runs.db)
+    assert r.exit_code == 0
+    for a in attempts.values():
+        assert f"│ {a.id:>2} │ {a.task_id}" in r.stdout
+
+
+@pytest.mark.docker
+def test_trials_filters_and_sort(runs):
+    def ids(*args):
+        r = invoke("trials", *args, "--json", "--db", runs.db)
+        assert r.exit_code == 0, r.output
+        return [(x["id"], x["task"], x["verdict"], x["outcome"], x["wall_s"]) for x in json.loads(r.stdout)]
+
+    rows = ids(runs.clean, "--task", "append")
+    assert rows and {t for _, t, *_ in rows} == {"append"}
+    rows = ids(runs.clean, "--outcome", "fail")
+    assert rows and {t for _, t, *_ in rows} == {"extra-effect"}  # the extra effect fails as wrong_state
+    assert ids(runs.clean, "--verdict", "discarded") == []
+    assert [v for _, _, v, *_ in ids(runs.noisy, "--verdict", "discarded")] == ["discarded"]
+    rows = ids(runs.clean, "--sort=-wall_s")
+    assert [w for *_, w in rows] == sorted((w for *_, w in rows), reverse=True)
+    rows = ids("last", "--sort", "task")  # `last` is the noisy run
+    assert {i for i, *_ in rows} == {a.id for a in runs.store.attempts(runs.noisy)}
+    r = invoke("trials", runs.clean, "--sort", "bogus", "--db", runs.db)
+    assert r.exit_code == 2 and "valid fields: id, run_id, task" in r.stderr
+    r = invoke("trials", runs.clean, "--task", "nope", "--db", runs.db)
+    assert r.exit_code == 2 and "has no task nope" in r.stderr
+
+
+@pytest.mark.docker
+def test_show_discarded_attempt_names_the_breached_rule(runs):
+    (a,) = runs.store.attempts(runs.noisy)
+    assert a.verdict == "discarded" and "host_cpu_contention" in a.reasons, a.reasons
+    rule = next(x for x in a.rules if x["rule"] == "host_cpu_contention")
+    value, threshold = f"{100 * rule['value']:.1f}%", f"{100 * rule['threshold']:.1f}%"
+    r = invoke("show", str(a.id), "--db", runs.db)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    assert f"discarded: host_cpu_contention — foreign CPU on pinned cores {value} > {threshold}" in text
+    assert "BREACHED" in text and "not counted: the attempt was discarded" in text
+    doc = json.loads(invoke("show", str(a.id), "--json", "--db", runs.db).stdout)
+    assert doc["headline"].startswith(f"discarded: host_cpu_contention — foreign CPU on pinned cores {value} > {threshold}")
+    assert doc["attempt"]["id"] == a.id and doc["samples_count"] == len(runs.store.samples(a.id))
+
+
+@pytest.mark.docker
+def test_show_clean_attempt_has_every_section(runs):
+    a = next(x for x in runs.store.attempts(runs.clean) if x.task_id == "extra-effect")
+    r = invoke("show", str(a.id), "--db", runs.db)
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    for section in ("identity", "envelope: profile vs read back", "counters", "SLA rules", "grade",
+                    "state diff vs fixture", "stdout.txt (tail)", "transcript.jsonl (tail)", "saturation over time"):
+        assert section in out, section
+    assert f"clean: fail (wrong_state) — {a.grade_reason}" in " ".join(out.split())
+    assert "appended; saw 0 rows" in out  # stdout tail from the artifact file
+    assert "audit +1 row" in out and "log +1 row" in out  # what the agent changed
+    assert "DIFFERS" not in out  # the envelope read back equals the profile
+    assert "cpu (of quota)" in out and "memory (of ceiling)" in out
+    doc = json.loads(invoke("show", str(a.id), "--json", "--db", runs.db).stdout)
+    assert {d["table"]: (d["added"], d["removed"], d["changed"]) for d in doc["state_diff_summary"]} == {
+        "audit": (1, 0, 0), "log": (1, 0, 0)}
+    assert all(e["match"] in (True, None) for e in doc["envelope"])
+    assert doc["trial_row"]["memory_peak"] == a.memory_peak
+    r = invoke("show", "999999", "--db", runs.db)
+    assert r.exit_code == 2
+    assert r.stderr.strip() == "error: attempt 999999: no such attempt; list them with `harness trials RUN`"
+
+
+@pytest.mark.docker
+def test_samples_export_counts_equal_stored_rows(runs, tmp_path):
+    attempts = runs.store.attempts(runs.clean)
+    stored = {a.id: len(runs.store.samples(a.id)) for a in attempts}
+    assert sum(stored.values()) > 0
+    r = invoke("samples", runs.clean, "--csv", "--db", runs.db)
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert len(rows) == sum(stored.values())
+    assert list(rows[0]) == list(SAMPLE_FIELDS)
+    by_id = {a.id: a for a in attempts}
+    for x in rows:
+        a = by_id[int(x["attempt_id"])]
+        assert (x["task"], int(x["slot"]), x["run_id"]) == (a.task_id, a.slot, runs.clean)
+    first = attempts[0]
+    out = tmp_path / "one.jsonl"
+    r = invoke("samples", str(first.id), "--jsonl", "--out", str(out), "--db", runs.db)
+    assert r.exit_code == 0 and f"wrote {stored[first.id]} samples" in r.stderr
+    lines = [json.loads(ln) for ln in out.read_text().splitlines()]
+    want = runs.store.samples(first.id)
+    assert [(x["t"], x["cpu_usage_us"], x["memory_current"]) for x in lines] == [(s.t, s.cpu_usage_us, s.memory_current) for s in want]
+    r = invoke("samples", "r-nope", "--db", runs.db)
+    assert r.exit_code == 2 and "no such run" in r.stderr
+
+
+@pytest.mark.docker
+def test_gc_removes_old_folders_keeps_rows_unless_purge(runs, tmp_path):
+    # a copy of the module's store and artifacts, so the other tests keep theirs
+    db_file = tmp_path / "gc.db"
+    src = sqlite3.connect(f"{runs.home}/h.db")
+    dst = sqlite3.connect(db_file)
+    src.backup(dst)
+    src.close()
+    shutil.copytree(runs.home / "runs", tmp_path / "runs")
+    old = (dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(days=40)).isoformat(sep=" ")
+    dst.execute("update runs set artifacts_dir = replace(artifacts_dir, ?, ?)", (str(runs.home / "runs"), str(tmp_path / "runs")))
+    dst.execute("update runs set created_at = ?", (old,))
+    dst.execute("update runs set status = 'running' where id = ?", (runs.noisy,))  # old but still running: untouchable
+    dst.commit()
+    db = f"sqlite:///{db_file}"
+    clean_dir, noisy_dir = tmp_path / "runs" / runs.clean, tmp_path / "runs" / runs.noisy
+    size = sum(p.stat().st_size for p in clean_dir.rglob("*") if p.is_file() and not p.is_symlink())
+
+    def rows(run_id):
+        return [dst.execute(f"select count(*) from {q}", (run_id,)).fetchone()[0] for q in (
+            "runs where id = ?", "attempts where run_id = ?",
+            "samples where attempt_id in (select id from attempts where run_id = ?)")]
+
+    before = rows(runs.clean)
+    assert before[0] == 1 and before[1] == 4 and before[2] > 0
+
+    r = invoke("gc", "--older-than", "50d", "--json", "--db", db)
+    assert r.exit_code == 0 and json.loads(r.stdout)["runs"] == []  # 40 days is not older than 50
+
+    r = invoke("gc", "--older-than", "30d", "--dry-run", "--json", "--db", db)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["freed_bytes"] == size and res["folders"] == 1 and res["skipped_running"] == [runs.noisy]
+    assert clean_dir.is_dir() and rows(runs.clean) == before
+
+    r = invoke("gc", "--older-than", "30d", "--db", db)
+    assert r.exit_code == 0, r.output
+    assert "freed" in r.stdout and "every row kept" in " ".join(r.stdout.split())
+    assert not clean_dir.exists() and noisy_dir.is_dir()
+    assert rows(runs.clean) == before  # evidence stays
+    r = invoke("show", str(runs.store.attempts(runs.clean)[0].id), "--db", db)
+    assert r.exit_code == 0 and "artifacts folder gone" in r.stdout
+
+    r = invoke("gc", "--older-than", "30d", "--purge", "--dry-run", "--json", "--db", db)
+    res = json.loads(r.stdout)
+    assert res["rows_deleted"] == {"runs": 1, "attempts": 4, "samples": before[2]} and rows(runs.clean) == before
+
+    r = invoke("gc", "--older-than", "720h", "--purge", "--json", "--db", db)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["rows_deleted"] == {"runs": 1, "attempts": 4, "samples": before[2]}
+    assert rows(runs.clean) == [0, 0, 0]
+    assert rows(runs.noisy)[:2] == [1, 1] and noisy_dir.is_dir()  # the running run is untouched
+    dst.close()
