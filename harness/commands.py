@@ -291,3 +291,122 @@ def runs(
             f"{o['identity']['identity_hash']} cg{o['identity']['cgroup_version']}",
         )
     console.print(t)
+
+
+@app.command()
+def sweep(
+    suite: str = typer.Option(..., "--suite", "-s", help="Suite name or path."),
+    profiles: Optional[str] = typer.Option(None, "--profiles", help="Comma-separated profiles, e.g. tight,standard,generous."),
+    headroom: Optional[str] = typer.Option(None, "--headroom", help="Instead of --profiles: factors like 1,1.5,2,3 scaling one profile's kill limits."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="With --headroom: the profile to scale (default: the suite's)."),
+    trials: Optional[int] = typer.Option(None, "--trials", "-n", help="Trials per task (default: the suite's)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: all)."),
+    seed: int = typer.Option(0, "--seed", help="Same seed for every envelope, so only the envelope changes."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", "-j", help="Lower the concurrency."),
+    max_reruns: Optional[int] = typer.Option(None, "--max-reruns", help="Reruns per slot (default: the suite's)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document."),
+) -> None:
+    """Run a suite under several envelopes (same tasks, same seeds) and show how much the
+    score moves with the resources alone: per envelope pass@1 and pass^k with CIs, failure
+    kinds, timeouts and OOM kills, discarded share, and the paired difference from the most
+    generous envelope. Each envelope is an ordinary run, linked by a sweep id.
+
+    Examples:
+
+      harness sweep --suite refunds --profiles tight,generous --trials 4
+
+      harness sweep --suite refunds --profile tight --headroom 1,1.5,2,3 --trials 4
+    """
+    from harness.profile import load_profile
+    from harness.runner import RunError
+    from harness.sandbox import EngineError
+    from harness.scheduler import SchedulerError
+    from harness.store import StoreError
+    from harness.suite import SuiteError, load_suite
+    from harness.sweep import generosity, paired_vs_reference, run_sweep, scale_profile, summarize_profile
+
+    if (profiles is None) == (headroom is None):
+        die("give --profiles P1,P2,... or --headroom F1,F2,... (one of them)")
+    try:
+        s = load_suite(suite)
+        plist: list[tuple[Any, str]] = []
+        if profiles is not None:
+            names = [p.strip() for p in profiles.split(",") if p.strip()]
+            if len(names) < 2:
+                die("--profiles needs at least two profiles to compare")
+            plist = [(load_profile(n), "") for n in names]
+        else:
+            try:
+                factors = [float(f) for f in headroom.split(",") if f.strip()]
+            except ValueError:
+                die(f"--headroom {headroom!r}: expected numbers like 1,1.5,2,3")
+            if len(factors) < 2 or any(f <= 0 for f in factors):
+                die("--headroom needs at least two positive factors")
+            base = load_profile(profile or s.profile)
+            plist = [scale_profile(base, f) for f in sorted(factors)]
+    except (SuiteError, ProfileError, ValueError) as e:
+        die(str(e))
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+
+    def started(prof: Any, runner: Any) -> None:
+        if not json_out:
+            err.print(f"[bold]{prof.name}[/]: run {runner.run.id} ({len(runner.run.task_ids)} tasks x {runner.run.trials} trials)", highlight=False)
+
+    try:
+        sweep_id, results = run_sweep(
+            suite, plist, trials=trials, tasks=task_list, seed=seed, db=db, concurrency=concurrency, max_reruns=max_reruns, on_start=started
+        )
+    except (SuiteError, ProfileError, SchedulerError, RunError, StoreError) as e:
+        die(str(e), EXIT_USAGE)
+    except EngineError as e:
+        die(str(e), EXIT_INFRA)
+    except KeyboardInterrupt:
+        err.print("[yellow]sweep interrupted[/]; finished runs are stored, resume the last one with `harness run --resume last`")
+        raise typer.Exit(130)
+    ks = list(results[0].tasks[0].ks) if results and results[0].tasks else [1]
+    ref = max(results, key=lambda r: generosity(r.profile))
+    rows = []
+    for r in results:
+        d = summarize_profile(r, ks, seed=seed)
+        d["vs_reference"] = paired_vs_reference(r, ref, ks, seed=seed)
+        rows.append(d)
+    doc = {"sweep_id": sweep_id, "suite": s.name, "reference": ref.profile.name, "ks": ks, "profiles": rows}
+    if json_out:
+        print(json.dumps(doc, indent=2))
+        return
+    print_sweep(doc)
+
+
+def _ci(m: dict | None) -> str:
+    if not m or "estimate" not in m:
+        return "-"
+    return f"{m['estimate']:.3f} [{m['low']:.2f}, {m['high']:.2f}]"
+
+
+def print_sweep(doc: dict[str, Any]) -> None:
+    from harness.profile import format_size
+
+    ks = [k for k in doc["ks"] if k > 1]
+    t = Table(title=f"sweep {doc['sweep_id']} · suite {doc['suite']} · reference (most generous): {doc['reference']}")
+    for c in ("profile", "cpus", "memory", "timeout", "pass@1 [95% CI]"):
+        t.add_column(c)
+    for k in ks:
+        t.add_column(f"pass^{k} [95% CI]")
+    for c in ("Δpass@1 vs ref [CI]", "p", "timeouts", "OOM", "discarded", "run"):
+        t.add_column(c)
+    for r in doc["profiles"]:
+        e = r["envelope"]
+        v = r["vs_reference"]
+        delta = "—" if v is None else (f"{100 * v['delta_pass1']:+.1f} pts [{100 * v['low']:+.0f}, {100 * v['high']:+.0f}]" if "delta_pass1" in v else v.get("error", "-"))
+        p = "" if not v or "p_value" not in v else f"{v['p_value']:.3f}"
+        cells = [r["profile"], f"{e['cpus']:g}", format_size(e["memory"]), f"{e['agent_timeout_s']:g}s", _ci(r["metrics"].get("pass@1"))]
+        cells += [_ci(r["metrics"].get(f"pass^{k}")) for k in ks]
+        ds = r["discarded_share"]
+        cells += [delta, p, str(r["timeouts"]), str(r["oom_killed"]), "-" if ds is None else f"{100 * ds:.0f}%", r["run_id"]]
+        t.add_row(*cells)
+    console.print(t)
+    for r in doc["profiles"]:
+        if r["note"]:
+            console.print(f"[dim]{r['profile']}: {r['note']}[/]")
+    console.print("[dim]Δ = this envelope minus the reference, paired per task (same tasks, same seeds); CI by cluster bootstrap over tasks.[/]")

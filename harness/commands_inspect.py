@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import io
 import json
 import os
 import shutil
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import typer
-from rich.console import Group
 from rich.markup import escape
 from rich.panel import Panel
 from rich.rule import Rule
@@ -91,8 +89,10 @@ def _jsonable(v: Any) -> Any:
 
 # ----------------------------------------------------------------------------- trials
 
-TRIALS_HELP = f"""One row per attempt of a run: verdict and reasons, outcome, wall time, cpuset and
-every saturation counter. Values over their threshold stand out in color (throttled
+TRIALS_HELP = f"""One row per attempt of a run, with every saturation counter.
+
+Verdict and reasons, outcome and failure kind, exit code, wall time, cpuset, CPU,
+throttling, memory, OOM kills, pids, foreign CPU, host pressure and steal. Values over their threshold stand out in color (throttled
 share over 10% or the profile's throttled_share rule, memory peak over 90% of the
 ceiling, any memory limit hit, OOM kill or pids limit hit, foreign CPU / steal / host
 pressure over the profile's SLA thresholds).
@@ -215,8 +215,9 @@ def show(
     json_out: bool = typer.Option(False, "--json", help="The whole record as one JSON document."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
-    """Everything about one attempt: identity, envelope (profile vs read back), counters,
-    SLA rule results, grader reason and checks, the state diff against the fixture,
+    """Everything about one attempt, including why it was discarded.
+
+    Identity, envelope (profile vs read back), counters, SLA rule results, grader reason and checks, the state diff against the fixture,
     stdout / stderr / transcript tails and the saturation time series as a chart.
 
     A discarded attempt starts with the breached rule, its measured value and threshold.
@@ -229,7 +230,7 @@ def show(
 
       harness show 42 --db sqlite:///other/harness.db
     """
-    from harness.store import AttemptRow, StoreError
+    from harness.store import StoreError
 
     aid = _attempt_id(attempt)
     store = _open(db)
@@ -267,6 +268,10 @@ def show(
     _print_show(a, r, doc, th)
 
 
+def _n(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
 def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f} s"
 
@@ -290,7 +295,8 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
     c.print(Text(hl, style=style))
     if a.error:
         last = a.error.strip().splitlines()[-1][:500]
-        c.print(Text(("note: " if last.startswith("slot unmeasured") else "error: ") + last, style="red"))
+        if last not in hl:  # an infra error is already the headline
+            c.print(Text(("note: " if last.startswith("slot unmeasured") else "error: ") + last, style="red"))
 
     c.print(Rule("identity", style="dim", align="left"))
     concurrent = f"{a.concurrent} in flight at start"
@@ -324,11 +330,11 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
 
     c.print(_kv_table([
         ("cpu used", f"{_secs(tr['cpu_s'])}  ({pct(tr['cpu_quota_share'])} of quota)"),
-        ("throttled", hot(f"{_secs(tr['throttled_s'])} ({pct(tr['throttled_share'])} of wall); periods {a.nr_throttled} of {a.nr_periods}", "throttled")),
+        ("throttled", hot(f"{_secs(tr['throttled_s'])} ({pct(tr['throttled_share'])} of wall); periods {_n(a.nr_throttled)} of {_n(a.nr_periods)}", "throttled")),
         ("memory peak / ceiling", hot(f"{format_size(a.memory_peak)} / {format_size(a.memory_max)} ({pct(tr['memory_peak_share'])})", "memory")),
-        ("memory limit hits / high events", hot(f"{a.memory_limit_hits if a.memory_limit_hits is not None else '-'} / {a.memory_high_events if a.memory_high_events is not None else '-'}", "memory_limit")),
-        ("oom kills", hot(str(a.oom_kills if a.oom_kills is not None else "-"), "oom")),
-        ("pids peak / limit / hits", hot(f"{a.pids_peak} / {a.pids_max} / {a.pids_limit_hits}", "pids")),
+        ("memory limit hits / high events", hot(f"{_n(a.memory_limit_hits)} / {_n(a.memory_high_events)}", "memory_limit")),
+        ("oom kills", hot(_n(a.oom_kills), "oom")),
+        ("pids peak / limit / hits", hot(f"{_n(a.pids_peak)} / {_n(a.pids_max)} / {_n(a.pids_limit_hits)}", "pids")),
         ("cgroup psi cpu / mem / io some", " / ".join("-" if v is None else f"{v:.3f}s" for v in (tr["psi_cpu_some_s"], tr["psi_memory_some_s"], tr["psi_io_some_s"]))),
         ("foreign cpu on pinned cores", hot(pct(a.foreign_cpu_share), "foreign_cpu")),
         ("steal", hot(pct(a.steal_share), "steal")),
@@ -404,7 +410,7 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
 
 # ----------------------------------------------------------------------------- samples
 
-SAMPLES_HELP = f"""Export the raw saturation time series (~5 Hz) of one attempt or of a whole run.
+SAMPLES_HELP = f"""Export the raw saturation time series (~5 Hz) of an attempt or a run.
 
 A number is an attempt id; anything else is a run id, unique prefix or `last` (then every
 attempt's samples, ordered by attempt and time). Counters are cumulative as the kernel
@@ -518,8 +524,10 @@ def gc(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
-    """Remove the artifact folders (stdout, stderr, final state, transcripts) of runs created
-    before the given age and print what that frees. Rows stay unless --purge: attempts are
+    """Free disk: remove the artifact folders of old runs (rows kept unless --purge).
+
+    Removes the artifact folders (stdout, stderr, final state, transcripts) of runs created
+    before the given age and prints what that frees. Rows stay unless --purge: attempts are
     evidence and are never deleted unless asked. Runs still marked running are never touched.
 
     Examples:

@@ -113,8 +113,13 @@ def fields_text(fields: dict[str, tuple[str, str]]) -> str:
 
 
 def fields_help(fields: dict[str, tuple[str, str]]) -> str:
-    """The field docs for a rich-markup ``--help`` (one line each, brackets escaped)."""
-    return "\n".join("  " + line.replace("[", "\\[") for line in fields_text(fields).splitlines())
+    """The field docs for a rich-markup ``--help``: one line each, 'name (unit): meaning'
+    (wraps better in a narrow terminal than aligned columns; brackets escaped)."""
+    lines = []
+    for name, (unit, meaning) in fields.items():
+        u = "" if unit == "-" else f" ({unit})"
+        lines.append(f"  {name}{u}: {meaning}".replace("[", "\\["))
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- thresholds
@@ -434,7 +439,7 @@ def envelope_rows(a: Any, run_profile: dict | None) -> list[dict[str, Any]]:
     cpuset_applied = ",".join(map(str, ap["cpuset_cpus"])) if ap.get("cpuset_cpus") is not None else None
     rows = [
         ("cpu quota/period us", quota(prof), quota(env), applied_quota),
-        ("cpuset", f"{prof.get('cores', '-')} leased", a.cpuset or None, cpuset_applied),
+        ("cpuset", f"{prof['cores']} leased" if prof.get("cores") else None, a.cpuset or None, cpuset_applied),
         ("memory", _size(prof.get("memory")), _size(env.get("memory")), _size(ap.get("memory_max")) if ap else None),
         (
             "memory + swap",

@@ -89,6 +89,7 @@ class RunOptions:
     agent_cmd: list[str] | None = None
     sweep_id: str | None = None
     note: str = ""
+    profile_obj: Profile | None = None  # an in-memory profile (sweeps); wins over `profile`
 
 
 @dataclass
@@ -161,7 +162,7 @@ class Runner:
         """Validate everything (suite, profile, envelope vs cores, image present) before the
         store is opened, so bad input writes nothing; then open the store and build the run."""
         suite = load_suite(opts.suite)
-        profile = load_profile(opts.profile or suite.profile)
+        profile = opts.profile_obj or load_profile(opts.profile or suite.profile)
         trials = opts.trials if opts.trials is not None else suite.trials
         if trials < 1:
             raise RunError(f"--trials must be at least 1 (got {trials})")

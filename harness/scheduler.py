@@ -1,15 +1,33 @@
 """Exclusive cpuset leases: never two attempts on one core, cores reserved for the controller.
 
-Pure module (threading only). The pool is built from the CPUs this process may use
-(``os.sched_getaffinity``) minus the reserved ones; each attempt leases ``cores`` of them
-and gives them back when its container is gone.
+The pool is built from the CPUs this process may use (``os.sched_getaffinity``) minus the
+reserved ones; each attempt leases ``cores`` of them and gives them back when its container
+is gone. Leases are also exclusive *across processes*: each leased core holds an ``flock``
+on ``$HARNESS_LOCK_DIR/cpu<N>.lock`` (default in the temp dir), so two ``harness run`` on
+one machine queue for cores instead of sharing them. The kernel drops the lock when a
+process dies, so a killed controller never leaves a core locked.
 """
+
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def lock_dir() -> Path:
+    """Where the per-core lock files live ($HARNESS_LOCK_DIR, default <tmp>/harness-cpu-locks)."""
+    d = Path(os.environ.get("HARNESS_LOCK_DIR", Path(tempfile.gettempdir()) / "harness-cpu-locks"))
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        os.chmod(d, 0o1777)
+    except OSError:
+        pass
+    return d
 
 
 class SchedulerError(ValueError):
@@ -33,9 +51,12 @@ class CpuPool:
     cpus: list[int]
     reserved: list[int] = field(default_factory=list)
 
+    cross_process: bool = True
+
     def __post_init__(self) -> None:
         self._free = [c for c in self.cpus if c not in self.reserved]
         self._leased: set[int] = set()
+        self._fds: dict[int, int] = {}
         self._cv = threading.Condition()
         self.peak_in_use = 0
 
@@ -84,9 +105,19 @@ class CpuPool:
                 self._free.remove(c)
                 self._leased.add(c)
             self.peak_in_use = max(self.peak_in_use, len(self._leased))
-            return got
+        if self.cross_process:
+            # ascending order on every process: no lock-order deadlock between controllers
+            for c in got:
+                fd = os.open(lock_dir() / f"cpu{c}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._fds[c] = fd
+        return got
 
     def release(self, got: list[int]) -> None:
+        for c in got:
+            fd = self._fds.pop(c, None)
+            if fd is not None:
+                os.close(fd)  # closing drops the flock
         with self._cv:
             for c in got:
                 if c not in self._leased:

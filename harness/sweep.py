@@ -1,0 +1,186 @@
+"""``harness sweep``: how much does the score depend on the envelope itself?
+
+Runs one suite under several envelopes with the same tasks and the same seeds, stores each
+as an ordinary run linked by a sweep id, and compares every envelope with the most
+generous one (paired, per task). ``--headroom`` instead scales the kill limits (memory
+ceiling, CPU quota, timeouts) of one profile by factors, to find the smallest headroom at
+which envelope failures (OOM kills, timeouts) disappear and the score stops rising.
+
+Pure helpers (profile scaling, summaries) plus ``run_sweep`` which drives the Runner.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from harness.estimator import TaskOutcomes, cluster_bootstrap, compare_runs, wilson_interval
+from harness.profile import Profile
+from harness.summary import slot_views, TaskSummary
+
+
+def scale_profile(p: Profile, factor: float) -> tuple[Profile, str]:
+    """The profile with its kill limits scaled by ``factor`` (memory ceiling, CPU quota,
+    timeouts). The cpuset is the guaranteed allocation and stays; a quota beyond it is
+    capped at the cpuset size (said in the returned note)."""
+    if factor <= 0:
+        raise ValueError(f"headroom factor {factor} must be > 0")
+    data = p.model_dump()
+    note = ""
+    cpus = round(p.cpus * factor, 4)
+    if cpus > p.cores:
+        note = f"CPU quota capped at the {p.cores}-core cpuset (asked {cpus:g})"
+        cpus = float(p.cores)
+    data.update(
+        name=f"{p.name}-x{factor:g}",
+        description=f"{p.name} with kill limits x{factor:g}",
+        cpus=cpus,
+        memory=int(p.memory * factor),
+        timeouts={k: v * factor for k, v in p.timeouts.model_dump().items()},
+    )
+    return Profile.model_validate(data), note
+
+
+def generosity(p: Profile) -> tuple:
+    """Order envelopes from starved to generous: CPU quota, memory, agent timeout, pids."""
+    return (p.cpus, p.memory, p.timeouts.agent, p.pids)
+
+
+def new_sweep_id() -> str:
+    return dt.datetime.now().strftime("s%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+@dataclass
+class ProfileResult:
+    """One envelope's run in a sweep, summarised from its stored attempts."""
+
+    profile: Profile
+    run_id: str
+    note: str = ""
+    tasks: list[TaskSummary] = field(default_factory=list)
+    attempts: list[Any] = field(default_factory=list)
+
+    def outcomes(self) -> list[TaskOutcomes]:
+        return [TaskOutcomes(task_id=t.task, trials=t.outcomes) for t in self.tasks]
+
+
+def summarize_profile(res: ProfileResult, ks: list[int], seed: int = 0) -> dict[str, Any]:
+    """pass@1 and pass^k with CIs, failure kinds, timeouts, OOM kills, discarded share."""
+    outs = [o for o in res.outcomes() if o.n > 0]
+    clean = [a for a in res.attempts if a.verdict == "clean"]
+    kinds: dict[str, int] = {}
+    for a in clean:
+        if a.outcome != "pass":
+            kinds[a.failure_kind or "unknown"] = kinds.get(a.failure_kind or "unknown", 0) + 1
+    n = sum(o.n for o in outs)
+    c = sum(o.c for o in outs)
+    out: dict[str, Any] = {
+        "profile": res.profile.name,
+        "run_id": res.run_id,
+        "note": res.note,
+        "envelope": {
+            "cpus": res.profile.cpus,
+            "cores": res.profile.cores,
+            "memory": res.profile.memory,
+            "agent_timeout_s": res.profile.timeouts.agent,
+            "pids": res.profile.pids,
+        },
+        "clean_trials": n,
+        "failure_kinds": kinds,
+        "timeouts": kinds.get("timeout", 0),
+        "oom_killed": kinds.get("oom_killed", 0),
+        "oom_kills_total": sum(a.oom_kills or 0 for a in res.attempts),
+        "discarded_share": (len(res.attempts) - len(clean)) / len(res.attempts) if res.attempts else None,
+        "unmeasured_slots": sum(len(t.unmeasured) for t in res.tasks),
+        "metrics": {},
+    }
+    if not outs:
+        return out
+    pooled = wilson_interval(c, n)
+    out["pooled_pass_rate"] = {"estimate": c / n, "low": pooled.low, "high": pooled.high}
+    for metric, k in [("pass@1", 1)] + [("pass^k", k) for k in ks if k > 1]:
+        key = "pass@1" if k == 1 else f"pass^{k}"
+        usable = [o for o in outs if o.n >= k]
+        if len(usable) < 1:
+            continue
+        try:
+            b = cluster_bootstrap(usable, metric, k=None if k == 1 else k, seed=seed)
+            out["metrics"][key] = {"estimate": b.estimate, "low": b.low, "high": b.high, "n_tasks": b.n_tasks}
+        except ValueError as e:
+            out["metrics"][key] = {"error": str(e)}
+    return out
+
+
+def paired_vs_reference(res: ProfileResult, ref: ProfileResult, ks: list[int], seed: int = 0) -> dict[str, Any] | None:
+    """Paired difference (this - reference) per task, with a bootstrap CI and a paired test."""
+    if res.run_id == ref.run_id:
+        return None
+    try:
+        cmp = compare_runs(ref.outcomes(), res.outcomes(), ks, seed=seed)
+    except ValueError as e:
+        return {"n_common": 0, "error": str(e).removeprefix("compare_runs: ")}
+    if not cmp.suite:
+        return {"n_common": cmp.n_common, "error": "no common measured tasks"}
+    p1 = cmp.suite[0]
+    out = {
+        "reference": ref.profile.name,
+        "n_common": cmp.n_common,
+        "delta_pass1": p1.delta,
+        "low": p1.low,
+        "high": p1.high,
+        "test": cmp.test.method,
+        "p_value": cmp.test.p_value,
+        "points": round(100 * p1.delta, 1),
+    }
+    for d in cmp.suite[1:]:
+        if d.metric == "pass^k":
+            out[f"delta_pass^{d.k}"] = {"delta": d.delta, "low": d.low, "high": d.high}
+    return out
+
+
+def load_result(store: Any, run_id: str, profile: Profile, note: str = "") -> ProfileResult:
+    run = store.get_run(run_id)
+    atts = store.attempts(run_id)
+    views = slot_views(atts, list(run.task_ids), run.trials)
+    tasks = [TaskSummary(task=t, slots=v, ks=list(run.ks)) for t, v in views.items()]
+    return ProfileResult(profile=profile, run_id=run_id, note=note, tasks=tasks, attempts=atts)
+
+
+def run_sweep(
+    suite: str,
+    profiles: list[tuple[Profile, str]],
+    *,
+    trials: int | None,
+    tasks: list[str] | None,
+    seed: int,
+    db: str | None,
+    concurrency: int | None = None,
+    max_reruns: int | None = None,
+    on_start: Callable[[Profile, Any], None] | None = None,
+    on_update: Callable[[Any, Any], None] | None = None,
+) -> tuple[str, list[ProfileResult]]:
+    """Run ``suite`` once per profile (same tasks, same seeds), linked by a sweep id."""
+    from harness.runner import RunOptions, Runner
+
+    sweep_id = new_sweep_id()
+    results = []
+    for prof, note in profiles:
+        opts = RunOptions(
+            suite=suite,
+            profile_obj=prof,
+            trials=trials,
+            tasks=tasks,
+            seed=seed,
+            concurrency=concurrency,
+            max_reruns=max_reruns,
+            sweep_id=sweep_id,
+            note=f"sweep {sweep_id}: {prof.name}" + (f" ({note})" if note else ""),
+        )
+        runner = Runner.plan(opts, db=db)
+        if on_start:
+            on_start(prof, runner)
+        runner.execute(on_update=on_update)
+        results.append(load_result(runner.store, runner.run.id, prof, note))
+    return sweep_id, results
