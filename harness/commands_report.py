@@ -124,11 +124,31 @@ def report(
     elif fmt is ReportFormat.markdown:
         _emit(render_markdown(data), out)
     elif fmt is ReportFormat.html:
-        _emit(render_html(data), out)
+        from harness.figures import figure_sections, head_html
+
+        _emit(render_html(data, extra_sections=figure_sections(data, attempts, _sweep_of(store, row)), head_html=head_html()), out)
     else:
         _emit(render_junit(data), out)
     if out is not None:
         err.print(f"wrote {fmt.value} report of run {row.id} to {out}", highlight=False)
+
+
+def _sweep_of(store: Any, row: Any) -> dict[str, Any] | None:
+    """The sweep a run belongs to, summarised per envelope (for the score-vs-envelope figure)."""
+    if not row.sweep_id:
+        return None
+    from harness.profile import Profile
+    from harness.store import RunRow
+    from harness.sweep import generosity, load_result, summarize_profile
+
+    with store.session() as s:
+        from sqlalchemy import select
+
+        runs = list(s.scalars(select(RunRow).where(RunRow.sweep_id == row.sweep_id).order_by(RunRow.created_at)))
+    results = [load_result(store, r.id, Profile.model_validate(r.profile_json)) for r in runs]
+    results.sort(key=lambda r: generosity(r.profile))
+    ks = list(row.ks)
+    return {"sweep_id": row.sweep_id, "ks": ks, "profiles": [summarize_profile(r, ks) for r in results]}
 
 
 @app.command()
