@@ -32,9 +32,21 @@ KINDS = list(KIND_COLORS)
 _CONFIG = {"displaylogo": False, "responsive": True, "staticPlot": False}
 
 
+_ERROR_PROBE = """<script>
+window.__harnessErrors = [];
+window.addEventListener('error', function (e) { window.__harnessErrors.push(String(e.message || e)); });
+window.addEventListener('load', function () {
+  document.documentElement.setAttribute('data-errors', JSON.stringify(window.__harnessErrors));
+  document.documentElement.setAttribute('data-figures', String(document.querySelectorAll('.js-plotly-plot .main-svg').length));
+});
+</script>
+"""
+
+
 def head_html() -> str:
-    """The plotly bundle, inlined once (no CDN: the file must open offline)."""
-    return f'<script type="text/javascript">{get_plotlyjs()}</script>\n'
+    """The plotly bundle, inlined once (no CDN: the file must open offline), after a tiny
+    probe that records script errors on the page (read by the headless-browser test)."""
+    return _ERROR_PROBE + f'<script type="text/javascript">{get_plotlyjs()}</script>\n'
 
 
 def _div(fig: go.Figure, div_id: str) -> str:
@@ -120,7 +132,7 @@ def fig_grid(report: dict[str, Any], attempts: Sequence[Any]) -> go.Figure:
     fig.update_layout(
         title="outcome of every slot (task × trial), worst tasks on top",
         xaxis=dict(title="trial index", dtick=1), yaxis=dict(autorange="reversed"),
-        height=max(300, 28 * len(order) + 140), legend=dict(orientation="h", y=-0.15),
+        height=max(320, 28 * len(order) + 170), legend=dict(orientation="h", y=-0.35 if len(order) < 6 else -0.15),
     )
     return fig
 

@@ -1,0 +1,545 @@
+#!/usr/bin/env python3
+"""Hostile agents for the `hostile` suite: one attack per task, chosen by HARNESS_TASK_ID.
+
+Stdlib only. Every agent records what it tried and what the kernel answered (errno names)
+in its transcript ($HARNESS_TRANSCRIPT, JSON lines) and as one JSON line on stdout, so the
+tests can check what the agent observed from the inside. Agents that replace the
+transcript itself (the export escapes) report on stdout only.
+
+Network attempts only ever target the docker0 gateway 172.17.0.1 and 127.0.0.1.
+Writes to kernel files either only *open* the file for writing (dangerous ones) or write a
+harmless value; with a correctly built sandbox every one of them fails.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import glob
+import hashlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import stat
+import sys
+import threading
+import time
+
+TASK = os.environ.get("HARNESS_TASK_ID", "benign")
+WORK = os.environ.get("HARNESS_WORKDIR", "/work")
+STATE = os.environ.get("HARNESS_STATE", f"{WORK}/state.db")
+TRANSCRIPT = os.environ.get("HARNESS_TRANSCRIPT", f"{WORK}/transcript.jsonl")
+RUN = os.environ.get("HARNESS_RUN_ID", "norun")
+MARKER = f"hostile-orphan-{RUN}"  # the tests look for this in host /proc/*/cmdline
+MiB = 1 << 20
+
+
+def err_name(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.errno is not None:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    return type(e).__name__
+
+
+def record(obj: dict, transcript: bool = True) -> None:
+    """One JSON line on stdout and (unless the transcript is the attack) in the transcript."""
+    line = json.dumps({"task": TASK, **obj}, sort_keys=True)
+    if transcript:
+        try:
+            with open(TRANSCRIPT, "a") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            line = json.dumps({"task": TASK, "transcript_error": err_name(e), **obj}, sort_keys=True)
+    print(line, flush=True)
+
+
+def ignore_signals() -> None:
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE):
+        signal.signal(s, signal.SIG_IGN)
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def fork_bomb() -> None:
+    record({"event": "start"})
+    ignore_signals()
+    while True:
+        try:
+            os.fork()
+        except OSError:
+            pass
+
+
+def memory_hog() -> None:
+    """Touch 64 MiB at a time, far past any ceiling; progress lines show how far it got."""
+    chunks = []
+    for i in range(1, 129):  # up to 8 GiB
+        chunks.append(b"\x01" * (64 * MiB))  # bytes * n writes every page (calloc would not)
+        record({"event": "allocated", "mib": 64 * i})
+    record({"event": "survived", "mib": 64 * len(chunks)})
+
+
+def _writable_targets() -> list[str]:
+    home = os.environ.get("HOME", "/work")
+    targets = ["/work", "/tmp", "/dev/shm", "/var/tmp", home, "/run", "/var/lock", "/", "/etc", "/harness/in", "/opt/hostile"]
+    try:
+        for line in open("/proc/self/mounts"):
+            mnt, fstype = line.split()[1], line.split()[2]
+            if fstype == "tmpfs" and mnt not in targets and not mnt.startswith(("/proc", "/sys", "/dev/mqueue")):
+                targets.append(mnt)
+    except OSError:
+        pass
+    seen, out = set(), []
+    for t in targets:
+        rp = os.path.realpath(t)
+        if rp not in seen:
+            seen.add(rp)
+            out.append(t)
+    return out
+
+
+def fill_disk() -> None:
+    """Write 1 MiB blocks into every candidate path until the kernel says no."""
+    results = {}
+    block = b"\xa5" * MiB
+    fills = []
+    for d in _writable_targets():
+        path = os.path.join(d, "hostile-fill")
+        n = 0
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as e:
+            results[d] = {"bytes": 0, "stopped_by": err_name(e)}
+            continue
+        fills.append(path)
+        why = "limit"
+        try:
+            while n < 4096 * MiB:
+                n += os.write(fd, block)
+        except OSError as e:
+            why = err_name(e)
+        finally:
+            os.close(fd)
+        results[d] = {"bytes": n, "stopped_by": why}
+    # free one block of /work so the transcript can be written; everything else stays full
+    try:
+        w = os.path.join(WORK, "hostile-fill")
+        os.truncate(w, max(0, os.path.getsize(w) - 2 * MiB))
+    except OSError:
+        pass
+    record({"event": "filled", "paths": results, "home": os.environ.get("HOME")})
+
+
+def stdout_flood() -> None:
+    """GBs to stdout (and some to stderr) until killed."""
+    record({"event": "start"})
+    ignore_signals()
+    buf = b"y" * MiB
+    ebuf = b"e" * (64 * 1024)
+    i = 0
+    while True:
+        os.write(1, buf)
+        i += 1
+        if i % 8 == 0:
+            os.write(2, ebuf)
+
+
+def _orphan_main(kind: str) -> None:
+    """Runs in an orphan (re-exec'd with MARKER in its argv so the host can see it)."""
+    ignore_signals()
+    if kind == "quiet":
+        # let go of the agent's stdout: the exec ends when the agent exits, this keeps running
+        devnull = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        saved = open(STATE, "rb").read() if os.path.isfile(STATE) else b""
+        n = 0
+        while True:
+            n += 1
+            try:
+                with open(os.path.join(WORK, ".hb"), "w") as f:
+                    f.write(str(n))
+                # flip the state between a symlink to /etc/passwd and a regular file, hoping
+                # the export catches the symlink or a half-written file
+                tmp = os.path.join(WORK, ".flip")
+                if n % 2:
+                    os.symlink("/etc/passwd", tmp)
+                else:
+                    with open(tmp, "wb") as f:
+                        f.write(saved)
+                os.replace(tmp, STATE)
+            except OSError:
+                pass
+            time.sleep(0.01)
+    else:
+        # keep the agent's stdout open and keep talking
+        while True:
+            try:
+                os.write(1, b"orphan still here\n")
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+
+def sigterm_orphans() -> None:
+    """Ignore SIGTERM, double-fork + setsid orphans that outlive the agent, then exit 0."""
+    ignore_signals()
+    spawned = []
+    for kind in ("loud", "quiet", "quiet"):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.close(r)
+                os.write(w, str(os.getpid()).encode())
+                os.close(w)
+                os.execv(sys.executable, [sys.executable, __file__, "--orphan", kind, MARKER])
+            os._exit(0)
+        os.close(w)
+        os.waitpid(pid, 0)
+        spawned.append({"kind": kind, "pid": int(os.read(r, 32) or b"0")})
+        os.close(r)
+    record({"event": "orphans", "spawned": spawned, "marker": MARKER, "agent_pid": os.getpid()})
+    # exit at once: the orphans are reparented to the container's init
+
+
+def sleep_forever() -> None:
+    record({"event": "start"})
+    ignore_signals()
+    while True:
+        time.sleep(3600)
+
+
+def cpu_threads() -> None:
+    """Many threads in hashlib (which releases the GIL on large buffers): every core we can get."""
+    ignore_signals()
+    info = {"cpu_count": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0))}
+    # try to widen the cpuset: must fail or change nothing
+    try:
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+        info["setaffinity"] = "ok"
+    except OSError as e:
+        info["setaffinity"] = err_name(e)
+    info["affinity_after"] = sorted(os.sched_getaffinity(0))
+    try:
+        os.nice(-5)
+        info["nice_up"] = "ok"
+    except OSError as e:
+        info["nice_up"] = err_name(e)
+    record({"event": "start", "threads": 48, **info})
+    buf = os.urandom(MiB)
+
+    def burn() -> None:
+        while True:
+            hashlib.sha256(buf).digest()
+
+    for _ in range(48):
+        threading.Thread(target=burn, daemon=True).start()
+    while True:
+        time.sleep(3600)
+
+
+# --------------------------------------------------------------------------- network
+
+
+def _connect(family: int, kind: int, addr, timeout: float = 1.0) -> str:
+    try:
+        s = socket.socket(family, kind)
+    except OSError as e:
+        return "socket:" + err_name(e)
+    try:
+        s.settimeout(timeout)
+        if kind == socket.SOCK_DGRAM:
+            s.sendto(b"hostile", addr)
+            s.recv(16)
+        else:
+            s.connect(addr)
+        return "connected"
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return err_name(e)
+    finally:
+        s.close()
+
+
+def network_egress() -> None:
+    """Only the docker0 gateway and loopback: never a public or other private address."""
+    res: dict = {"interfaces": sorted(os.listdir("/sys/class/net"))}
+    tcp = {}
+    for host in ("172.17.0.1", "127.0.0.1"):
+        for port in (22, 53, 80, 443, 2375, 2376, 8080):
+            tcp[f"{host}:{port}"] = _connect(socket.AF_INET, socket.SOCK_STREAM, (host, port))
+    res["tcp"] = tcp
+    res["udp"] = {f"{h}:53": _connect(socket.AF_INET, socket.SOCK_DGRAM, (h, 53), 0.5) for h in ("172.17.0.1", "127.0.0.1")}
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+        res["raw_icmp"] = "opened"
+    except OSError as e:
+        res["raw_icmp"] = err_name(e)
+    try:
+        socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+        res["packet"] = "opened"
+    except OSError as e:
+        res["packet"] = err_name(e)
+    unix = {}
+    for p in ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock", "/var/run/docker/containerd/containerd.sock"):
+        unix[p] = _connect(socket.AF_UNIX, socket.SOCK_STREAM, p)
+    res["unix"] = unix
+    # abstract unix sockets live in the network namespace: the host's must be invisible
+    abstract = []
+    try:
+        for line in open("/proc/net/unix").readlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 8 and parts[7].startswith("@"):
+                abstract.append(parts[7])
+    except OSError:
+        pass
+    res["abstract_sockets"] = abstract
+    res["abstract_connect"] = {a: _connect(socket.AF_UNIX, socket.SOCK_STREAM, "\0" + a[1:]) for a in abstract[:20]}
+    res["reached"] = sorted(k for k, v in {**tcp, **res["udp"], **unix}.items() if v == "connected")
+    record({"event": "network", **res})
+
+
+# --------------------------------------------------------------------------- system writes
+
+# (path, value): value None = only open for writing (never write to a dangerous file)
+SYSTEM_TARGETS = [
+    ("/etc/passwd", None),
+    ("/etc/hostile-created", "x"),
+    ("/usr/bin/tar", None),  # the exporter the harness runs
+    ("/usr/local/bin/hostile-created", "x"),
+    ("/opt/hostile/hostile.py", None),
+    ("/harness/in/prompt.txt", None),  # host bind mount (read-only)
+    ("/harness/in/hostile-created", "x"),
+    ("/proc/sys/kernel/core_pattern", "core-hostile-%p"),
+    ("/proc/sys/kernel/hostname", "hostile"),
+    ("/proc/sys/vm/drop_caches", None),
+    ("/proc/sysrq-trigger", None),
+    ("/proc/1/oom_score_adj", "-1000"),
+    ("/sys/kernel/uevent_helper", None),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "-1"),
+    ("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes", "-1"),
+    ("/sys/fs/cgroup/pids/pids.max", "max"),
+    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1"),
+    ("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "-1"),
+    ("/sys/fs/cgroup/cpuset/cpuset.cpus", "0"),
+    ("/sys/fs/cgroup/memory.max", "max"),
+    ("/sys/fs/cgroup/pids.max", "max"),
+    ("/sys/fs/cgroup/cpu.max", "max"),
+    ("/sys/fs/cgroup/cgroup.procs", None),
+    ("/sys/fs/cgroup/hostile-child/cgroup.procs", None),
+]
+
+
+def _try_write(path: str, value: str | None) -> str:
+    try:
+        fd = os.open(path, os.O_WRONLY | (os.O_CREAT if value == "x" else 0), 0o600)
+    except OSError as e:
+        return err_name(e)
+    try:
+        if value is None:
+            return "OPENED"
+        os.write(fd, value.encode())
+        return "WRITTEN"
+    except OSError as e:
+        return "OPENED+" + err_name(e)
+    finally:
+        os.close(fd)
+
+
+def _libc_call(name: str, *args) -> str:
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = getattr(libc, name)(*args)
+    if rc == 0:
+        return "ok"
+    return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+
+
+def write_system() -> None:
+    """Write to the root fs, the input bind mount, /proc and /sys; try the syscalls that
+    would lift the restrictions (new user namespace, mount, chroot, setuid)."""
+    writes = {p: _try_write(p, v) for p, v in SYSTEM_TARGETS}
+    for p in sorted(glob.glob("/sys/fs/cgroup/*/release_agent") + glob.glob("/sys/fs/cgroup/release_agent")):
+        writes[p] = _try_write(p, None)
+    try:
+        os.mkdir("/sys/fs/cgroup/memory/hostile-child")
+        writes["mkdir /sys/fs/cgroup/memory/hostile-child"] = "CREATED"
+    except OSError as e:
+        writes["mkdir /sys/fs/cgroup/memory/hostile-child"] = err_name(e)
+    os.makedirs(os.path.join(WORK, "mnt"), exist_ok=True)
+    calls = {
+        "unshare(CLONE_NEWUSER)": _libc_call("unshare", 0x10000000),
+        "unshare(CLONE_NEWNS)": _libc_call("unshare", 0x00020000),
+        "mount(tmpfs)": _libc_call("mount", b"none", os.path.join(WORK, "mnt").encode(), b"tmpfs", 0, None),
+        "mount(cgroup)": _libc_call("mount", b"cgroup", os.path.join(WORK, "mnt").encode(), b"cgroup", 0, b"memory"),
+        "chroot": _libc_call("chroot", WORK.encode()),
+        "setuid(0)": _libc_call("setuid", 0),
+        "mknod(char 1:3)": _libc_call("mknod", os.path.join(WORK, "null").encode(), stat.S_IFCHR | 0o666, os.makedev(1, 3)),
+    }
+    record({"event": "system", "writes": writes, "calls": calls, "uid": os.getuid(),
+            "core_pattern_seen": open("/proc/sys/kernel/core_pattern").read().strip()})
+
+
+# --------------------------------------------------------------------------- export escapes
+
+
+def _replace(path: str, make) -> str:
+    try:
+        if os.path.lexists(path):
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        make(path)
+        return "done"
+    except OSError as e:
+        return err_name(e)
+
+
+def export_symlink_passwd() -> None:
+    res = {
+        "state.db": _replace(STATE, lambda p: os.symlink("/etc/passwd", p)),
+        "transcript.jsonl": _replace(TRANSCRIPT, lambda p: os.symlink("../../../../../../../etc/passwd", p)),
+    }
+    try:
+        os.link("/etc/passwd", os.path.join(WORK, "passwd-hardlink"))
+        res["hardlink /etc/passwd"] = "done"
+    except OSError as e:
+        res["hardlink /etc/passwd"] = err_name(e)
+    record({"event": "export-escape", "made": res}, transcript=False)
+
+
+def export_symlink_host() -> None:
+    res = {
+        "state.db": _replace(STATE, lambda p: os.symlink("/var/lib/docker/volumes/harness/_data/state.db", p)),
+        "transcript.jsonl": _replace(TRANSCRIPT, lambda p: os.symlink("/proc/1/root/etc/shadow", p)),
+    }
+    record({"event": "export-escape", "made": res}, transcript=False)
+
+
+def export_special() -> None:
+    res = {"state.db": _replace(STATE, lambda p: os.mkfifo(p, 0o644))}
+    for what, mode, dev in (("char 1:3", stat.S_IFCHR, os.makedev(1, 3)), ("block 8:0", stat.S_IFBLK, os.makedev(8, 0))):
+        try:
+            os.mknod(os.path.join(WORK, "dev-" + what.split()[0]), mode | 0o666, dev)
+            res["mknod " + what] = "done"
+        except OSError as e:
+            res["mknod " + what] = err_name(e)
+
+    def sock(p: str) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(p)
+        s.close()
+
+    res["transcript.jsonl"] = _replace(TRANSCRIPT, sock)
+    record({"event": "export-escape", "made": res}, transcript=False)
+
+
+def export_dir() -> None:
+    def tree(p: str) -> None:
+        os.makedirs(os.path.join(p, "a", "b"))
+        os.symlink("/etc/passwd", os.path.join(p, "passwd"))
+        os.symlink("../../../../../etc/passwd", os.path.join(p, "a", "b", "up"))
+        with open(os.path.join(p, "x"), "w") as f:
+            f.write("inside a directory named state.db\n")
+
+    res = {"state.db": _replace(STATE, tree)}
+    res["transcript.jsonl"] = _replace(TRANSCRIPT, lambda p: os.link(os.path.join(STATE, "x"), p))
+    record({"event": "export-escape", "made": res}, transcript=False)
+
+
+def export_giant() -> None:
+    """A 100 MiB state (over the 64 MiB export cap) and a sparse 1 TiB transcript."""
+    res = {}
+    try:
+        with open(STATE + ".new", "wb") as f:
+            f.write(b"SQLite format 3\x00")
+            for _ in range(100):
+                f.write(b"\x00" * MiB)
+        os.replace(STATE + ".new", STATE)
+        res["state.db"] = os.path.getsize(STATE)
+    except OSError as e:
+        res["state.db"] = err_name(e)
+    try:
+        with open(TRANSCRIPT, "wb") as f:
+            f.write(b'{"task": "export-giant"}\n')
+            f.truncate(1 << 40)
+        res["transcript.jsonl"] = os.path.getsize(TRANSCRIPT)
+    except OSError as e:
+        res["transcript.jsonl"] = err_name(e)
+    record({"event": "export-escape", "made": res}, transcript=False)
+
+
+def export_malformed() -> None:
+    """A state with a SQLite header and garbage after it, and a binary transcript."""
+    with open(STATE, "wb") as f:
+        f.write(b"SQLite format 3\x00" + bytes((i * 7 + 3) % 256 for i in range(64 * 1024)))
+    with open(TRANSCRIPT, "wb") as f:
+        f.write(b'{"passed": true, "grade": "pass"}\n\x00\xff\xfe../../../etc/passwd\x00\n' + bytes(range(256)) * 16)
+    record({"event": "export-escape", "made": {"state.db": "garbage", "transcript.jsonl": "binary"}}, transcript=False)
+
+
+# --------------------------------------------------------------------------- control
+
+
+def benign() -> None:
+    """Do the task, and check that the sandbox is fresh (no leftovers of any earlier attempt)."""
+    procs = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                procs.append(open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode().strip())
+            except OSError:
+                pass
+    facts = {
+        "work": sorted(os.listdir(WORK)),
+        "tmp": sorted(os.listdir("/tmp")),
+        "dev_shm": sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else None,
+        "procs": sorted(procs),
+        "affinity": sorted(os.sched_getaffinity(0)),
+    }
+    c = sqlite3.connect(STATE)
+    c.execute("UPDATE job SET v = 'done' WHERE id = 1")
+    c.commit()
+    c.close()
+    record({"event": "benign", **facts})
+
+
+AGENTS = {
+    "fork-bomb": fork_bomb,
+    "memory-hog": memory_hog,
+    "fill-disk": fill_disk,
+    "stdout-flood": stdout_flood,
+    "sigterm-orphans": sigterm_orphans,
+    "sleep-forever": sleep_forever,
+    "cpu-threads": cpu_threads,
+    "network-egress": network_egress,
+    "write-system": write_system,
+    "export-symlink-passwd": export_symlink_passwd,
+    "export-symlink-host": export_symlink_host,
+    "export-special": export_special,
+    "export-dir": export_dir,
+    "export-giant": export_giant,
+    "export-malformed": export_malformed,
+    "benign": benign,
+}
+
+
+def main() -> int:
+    if len(sys.argv) >= 3 and sys.argv[1] == "--orphan":
+        _orphan_main(sys.argv[2])
+        return 0
+    agent = AGENTS.get(TASK)
+    if agent is None:
+        print(f"hostile: no agent for task {TASK!r}; agents: {', '.join(AGENTS)}", file=sys.stderr)
+        return 2
+    agent()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
