@@ -114,7 +114,7 @@ class SLA(_Strict):
         description="host rule `host_io_pressure`: share of wall time with some host task stalled on IO (PSI io `some`).",
     )
     min_mem_available: ByteSize | None = Field(
-        "256m",
+        256 * MiB,
         description="host rule `host_memory_low`: lowest host MemAvailable seen during the attempt "
         "(size such as '256m').",
     )

@@ -16,7 +16,10 @@ import json
 import os
 import queue
 import secrets
+import shutil
 import socket
+import sqlite3
+import tempfile
 import threading
 import time
 import traceback
@@ -567,7 +570,7 @@ def run_attempt(
             return row, samples
         # orphans the agent left behind must not touch the state while it is copied out
         sb.kill_tree()
-        files, problems = sb.export([STATE_FILE, TRANSCRIPT_FILE], timeout=profile.timeouts.grade)
+        files, problems = sb.export([STATE_FILE, STATE_FILE + "-wal", TRANSCRIPT_FILE], timeout=profile.timeouts.grade)
         if problems:
             row.error = "; ".join(problems)
     except Exception as e:  # engine went away mid-attempt, etc.
@@ -577,6 +580,28 @@ def run_attempt(
         sb.remove()
         _finish(row, task, profile, exec_res, counters, host, mismatches, infra, files, fixture_db, artifacts, t_start)
     return row, samples
+
+
+def consolidate_wal(db: Path) -> str | None:
+    """An agent that switched the state to WAL mode leaves committed rows in ``state.db-wal``.
+    Fold them into ``state.db`` on a private copy (the raw -wal file stays in the artifacts
+    as evidence), so the grader, which opens the file immutable, sees every commit."""
+    wal = db.with_name(db.name + "-wal")
+    if db.read_bytes()[:16] != b"SQLite format 3\x00":
+        return None  # the grader reports an unreadable state
+    with tempfile.TemporaryDirectory(prefix="harness-wal-") as tmp:
+        work = Path(tmp, "state.db")
+        shutil.copyfile(db, work)
+        shutil.copyfile(wal, Path(tmp, "state.db-wal"))
+        try:
+            conn = sqlite3.connect(work, timeout=5)
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("PRAGMA journal_mode=DELETE")
+            conn.close()
+        except sqlite3.Error as e:
+            return f"could not fold state.db-wal into state.db: {e}"
+        shutil.copyfile(work, db)
+    return None
 
 
 def _finish(row, task, profile, exec_res, counters, host, mismatches, infra, files, fixture_db, artifacts, t_start) -> None:
@@ -616,6 +641,10 @@ def _finish(row, task, profile, exec_res, counters, host, mismatches, infra, fil
             row.error = (row.error + "; " if row.error else "") + infra
             return
         final = artifacts / STATE_FILE if STATE_FILE in files else None
+        if final is not None and files.get(STATE_FILE + "-wal"):
+            note = consolidate_wal(final)
+            if note:
+                row.error = (row.error + "; " if row.error else "") + note
         g = grade(task, fixture_db, final)
         row.grade_reason = g.reason
         row.grade_checks = [c.model_dump(mode="json") if hasattr(c, "model_dump") else dict(c) for c in g.checks]

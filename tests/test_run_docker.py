@@ -149,3 +149,14 @@ def test_rerun_budget_zero_leaves_the_slot_unmeasured(docker_client, tmp_path):
 
 def test_no_containers_left_behind(docker_client):
     assert not docker_client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
+
+
+def test_rows_committed_in_wal_mode_are_graded(docker_client, tmp_path):
+    suite = str(Path(__file__).parent / "suites" / "wal")
+    r = harness(tmp_path, "run", "--suite", suite, "--db", db_url(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tasks"][0]["outcomes"] == [True], out
+    store = Store.open(db_url(tmp_path), create=False)
+    a = [a for a in store.attempts(out["run_id"]) if a.verdict == "clean"][0]
+    assert (Path(a.artifacts) / "state.db-wal").stat().st_size > 0  # the raw WAL is kept as evidence

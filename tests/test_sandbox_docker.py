@@ -191,3 +191,12 @@ def test_cli_sandbox_exec_json(docker_client, trial_cpu):
     assert d["envelope"]["mismatches"] == []
     assert {"cpu_usage_us", "throttled_share", "oom_kills", "pids_peak"} <= set(d["counters"])
     assert {"foreign_cpu_share", "steal_share", "mem_available_min"} <= set(d["host"])
+
+
+def test_doctor_passes_on_this_machine(docker_client):
+    out = subprocess.run([sys.executable, "-m", "harness", "doctor", "--json"], capture_output=True, text=True, timeout=120)
+    checks = {c["name"]: c for c in json.loads(out.stdout)}
+    assert out.returncode == 0, [c for c in checks.values() if c["status"] == "fail"]
+    for name in ("engine", "cgroup", "cgroup driver", "counters", "envelope read-back", "images", "cores"):
+        assert checks[name]["status"] == "ok", checks[name]
+    assert all(c["fix"] for c in checks.values() if c["status"] != "ok")
