@@ -106,7 +106,8 @@ class CpuPool:
                 self._leased.add(c)
             self.peak_in_use = max(self.peak_in_use, len(self._leased))
         if self.cross_process:
-            # ascending order on every process: no lock-order deadlock between controllers
+            # ascending order on every process: no lock-order deadlock between controllers.
+            # flock is per open file, so two pools in one process also exclude each other.
             for c in got:
                 fd = os.open(lock_dir() / f"cpu{c}.lock", os.O_CREAT | os.O_RDWR, 0o666)
                 fcntl.flock(fd, fcntl.LOCK_EX)

@@ -146,3 +146,37 @@ def test_locked_store_is_a_clear_error(docker_client, tmp_path):
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     assert "locked" in r.stderr, r.stderr
+
+
+def _restart_engine() -> None:
+    """Stop the running dockerd (SIGTERM, by its pid) and start it again with docker/engine.sh."""
+    pid = int(subprocess.run(["pgrep", "-xo", "dockerd"], capture_output=True, text=True, check=True).stdout.split()[0])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("dockerd did not stop")
+    engine = Path(__file__).resolve().parent.parent / "docker" / "engine.sh"
+    subprocess.run(["bash", str(engine)], check=True, capture_output=True, timeout=120)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="restarting the engine needs root")
+def test_engine_restart_mid_run_is_infra_error_and_the_run_completes(docker_client, tmp_path):
+    db = tmp_path / "h.db"
+    p = start(tmp_path, "run", "--suite", PROBE, "--trials", "4", "--max-reruns", "20", "--db", f"sqlite:///{db}", "--json")
+    run_id = wait_attempts(db, 2)
+    _restart_engine()
+    out, errs = p.communicate(timeout=300)
+    assert p.returncode == 0, errs
+    doc = json.loads(out)
+    assert all(t["n"] == 4 for t in doc["tasks"])
+    store = Store.open(f"sqlite:///{db}", create=False)
+    assert_each_slot_once(store, run_id, tasks=2, trials=4)
+    infra = [a for a in store.attempts(run_id) if "infra_error" in (a.reasons or [])]
+    assert infra, "the attempt cut by the restart is kept as a discarded infra_error"
+    assert all(a.verdict == "discarded" and a.error for a in infra)

@@ -589,6 +589,13 @@ def export_dir() -> None:
     record({"event": "export-escape", "made": res}, transcript=False)
 
 
+def export_wal() -> None:
+    """The runner also exports state.db-wal and folds it into the state on the host: make it
+    a symlink to /etc/passwd (state.db itself stays the untouched fixture)."""
+    res = {"state.db-wal": _replace(STATE + "-wal", lambda p: os.symlink("/etc/passwd", p))}
+    record({"event": "export-escape", "made": res})
+
+
 def export_giant() -> None:
     """A 100 MiB state (over the 64 MiB export cap) and a sparse 1 TiB transcript."""
     res = {}
@@ -662,6 +669,7 @@ AGENTS = {
     "export-symlink-host": export_symlink_host,
     "export-special": export_special,
     "export-dir": export_dir,
+    "export-wal": export_wal,
     "export-giant": export_giant,
     "export-malformed": export_malformed,
     "benign": benign,
