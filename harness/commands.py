@@ -38,6 +38,7 @@ def run(
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Sandbox profile (default: the suite's)."),
     trials: Optional[int] = typer.Option(None, "--trials", "-n", help="Trials per task (default: the suite's)."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: all)."),
+    k: Optional[str] = typer.Option(None, "--k", help="k values to report, e.g. '1,2,4' (default: the suite's); each <= trials."),
     seed: int = typer.Option(0, "--seed", help="Run seed; each slot's seed derives from it, the task and the trial index."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-j", help="At most this many attempts at once (can only lower what fits)."),
     max_reruns: Optional[int] = typer.Option(None, "--max-reruns", help="Reruns per slot after discarded attempts (default: the suite's)."),
@@ -57,7 +58,7 @@ def run(
 
       harness run --suite refunds
 
-      harness run --suite refunds --profile tight --trials 4 --tasks duplicate-charge,partial-line-item
+      harness run --suite refunds --profile tight --trials 4 --k 1,2,4 --tasks duplicate-charge,partial-line-item
 
       harness run --suite ./my-suite --agent-image my/agent:dev --agent-cmd 'python3 /agent/main.py' --json
 
@@ -73,7 +74,7 @@ def run(
     if (suite is None) == (resume is None):
         die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
     if resume is not None:
-        given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--max-reruns": max_reruns, "--agent-image": agent_image, "--agent-cmd": agent_cmd}
+        given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns, "--agent-image": agent_image, "--agent-cmd": agent_cmd}
         clash = [k for k, v in given.items() if v is not None]
         if clash:
             die(f"--resume keeps the run's identity; {', '.join(clash)} cannot change it (start a new run instead)")
@@ -89,6 +90,7 @@ def run(
         agent_image=agent_image,
         agent_cmd=shlex.split(agent_cmd) if agent_cmd else None,
         note=note,
+        ks=_parse_ks(k) if k else None,
     )
     try:
         store_ = None
@@ -154,6 +156,16 @@ def run(
         return
     print_summary(summary)
     console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}   per-attempt: harness trials {r.id}[/]")
+
+
+def _parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        die(f"--k {text!r}: expected integers like 1,2,4")
+    if not ks:
+        die("--k needs at least one value")
+    return ks
 
 
 def print_summary(s: dict[str, Any]) -> None:
@@ -302,6 +314,7 @@ def sweep(
     headroom: Optional[str] = typer.Option(None, "--headroom", help="Instead of --profiles: factors like 1,1.5,2,3 scaling one profile's kill limits."),
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="With --headroom: the profile to scale (default: the suite's)."),
     trials: Optional[int] = typer.Option(None, "--trials", "-n", help="Trials per task (default: the suite's)."),
+    k: Optional[str] = typer.Option(None, "--k", help="k values to report, e.g. '1,2,4' (default: the suite's); each <= trials."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: all)."),
     seed: int = typer.Option(0, "--seed", help="Same seed for every envelope, so only the envelope changes."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-j", help="Lower the concurrency."),
@@ -317,9 +330,9 @@ def sweep(
 
     Examples:
 
-      harness sweep --suite refunds --profiles tight,generous --trials 4
+      harness sweep --suite refunds --profiles tight,generous --trials 4 --k 1,2,4
 
-      harness sweep --suite refunds --profile tight --headroom 1,1.5,2,3 --trials 4
+      harness sweep --suite refunds --profile tight --headroom 1,1.5,2,3 --trials 4 --k 1,2,4
     """
     from harness.profile import load_profile
     from harness.runner import RunError
@@ -358,7 +371,8 @@ def sweep(
 
     try:
         sweep_id, results = run_sweep(
-            suite, plist, trials=trials, tasks=task_list, seed=seed, db=db, concurrency=concurrency, max_reruns=max_reruns, on_start=started
+            suite, plist, trials=trials, tasks=task_list, seed=seed, db=db, concurrency=concurrency, max_reruns=max_reruns, on_start=started,
+            ks=_parse_ks(k) if k else None,
         )
     except (SuiteError, ProfileError, SchedulerError, RunError, StoreError) as e:
         die(str(e), EXIT_USAGE)

@@ -93,6 +93,7 @@ class RunOptions:
     sweep_id: str | None = None
     note: str = ""
     profile_obj: Profile | None = None  # an in-memory profile (sweeps); wins over `profile`
+    ks: list[int] | None = None  # k values to report; default the suite's
 
 
 @dataclass
@@ -169,8 +170,17 @@ class Runner:
         trials = opts.trials if opts.trials is not None else suite.trials
         if trials < 1:
             raise RunError(f"--trials must be at least 1 (got {trials})")
-        # k is fixed by the suite before the run; --trials below a k drops that k (said in the report)
-        ks = [k for k in suite.k if k <= trials] or [1]
+        # k is fixed before the run (by the suite, or by --k), never chosen after
+        ks = sorted(set(opts.ks)) if opts.ks else list(suite.k)
+        if any(k < 1 for k in ks):
+            raise RunError(f"--k {','.join(map(str, ks))}: every k must be >= 1")
+        too_big = [k for k in ks if k > trials]
+        if too_big:
+            src = "--k" if opts.ks else f"suite {suite.name} (suite.toml: k)"
+            raise RunError(
+                f"k = {','.join(map(str, too_big))} from {src} exceeds {trials} trials per task; "
+                f"raise --trials to {max(too_big)} or pass --k {','.join(str(k) for k in ks if k <= trials) or '1'}"
+            )
         max_reruns = opts.max_reruns if opts.max_reruns is not None else suite.max_reruns
         if max_reruns < 0:
             raise RunError("--max-reruns must be >= 0")

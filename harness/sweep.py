@@ -160,6 +160,7 @@ def run_sweep(
     max_reruns: int | None = None,
     on_start: Callable[[Profile, Any], None] | None = None,
     on_update: Callable[[Any, Any], None] | None = None,
+    ks: list[int] | None = None,
 ) -> tuple[str, list[ProfileResult]]:
     """Run ``suite`` once per profile (same tasks, same seeds), linked by a sweep id."""
     from harness.runner import RunOptions, Runner
@@ -176,6 +177,7 @@ def run_sweep(
             concurrency=concurrency,
             max_reruns=max_reruns,
             sweep_id=sweep_id,
+            ks=ks,
             note=f"sweep {sweep_id}: {prof.name}" + (f" ({note})" if note else ""),
         )
         runner = Runner.plan(opts, db=db)
