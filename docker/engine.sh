@@ -49,10 +49,19 @@ if [[ -S /var/run/docker.sock ]] && ! answers; then
 fi
 
 if ! pgrep -x dockerd >/dev/null; then
-  echo "engine: starting dockerd (log: $LOG)"
+  # Keep the engine's own threads (dockerd, containerd, the per-container shims that pump a
+  # trial's output) on the cores reserved for the controller: otherwise their work lands on
+  # a trial's pinned core and is measured as foreign CPU. Containers are unaffected (joining
+  # their cpuset cgroup resets their affinity). Default: cpu 0 when the machine has >1 cpu;
+  # HARNESS_ENGINE_CPUS=all leaves the engine unpinned.
+  ENGINE_CPUS=${HARNESS_ENGINE_CPUS:-}
+  if [[ -z "$ENGINE_CPUS" && $(nproc) -gt 1 ]]; then ENGINE_CPUS=$(python3 -c "import os; print(min(os.sched_getaffinity(0)))" 2>/dev/null || echo 0); fi
+  PIN=()
+  if [[ -n "$ENGINE_CPUS" && "$ENGINE_CPUS" != "all" ]] && command -v taskset >/dev/null; then PIN=(taskset -c "$ENGINE_CPUS"); fi
+  echo "engine: starting dockerd (log: $LOG${PIN:+, engine pinned to cpu $ENGINE_CPUS})"
   mkdir -p "$(dirname "$LOG")"
   # setsid: the daemon must not die with the shell (or make) that started it
-  setsid dockerd --pidfile "$PIDFILE" >>"$LOG" 2>&1 < /dev/null &
+  setsid "${PIN[@]}" dockerd --pidfile "$PIDFILE" >>"$LOG" 2>&1 < /dev/null &
 fi
 
 for _ in $(seq 1 $((WAIT * 5))); do

@@ -155,7 +155,7 @@ def hostile(docker_client, tmp_path_factory):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     after_run = _host_procs()
-    probe, _ = _cli(root, ["run", "--suite", PROBE, "--tasks", "append", "--trials", "1", "--max-reruns", "2",
+    probe, _ = _cli(root, ["run", "--suite", PROBE, "--tasks", "append", "--trials", "1", "--k", "1", "--max-reruns", "2",
                            "--db", db, "--json"], {**env, "PROBE_BURN": "0.6"}, timeout=120)
     store = Store.open(db, create=False)
     rows = {a.task_id: a for a in store.attempts(out["run_id"])}
