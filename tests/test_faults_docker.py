@@ -113,7 +113,7 @@ def test_startup_sweep_removes_leftovers_of_a_dead_controller(docker_client, tmp
         "harness/sandbox:latest", ["sleep", "600"], detach=True, network_mode="none",
         labels={LABEL: "1", "dev.harness.owner-pid": dead, LABEL_RUN: "r-dead"},
     )
-    r = run_cli(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--tasks", "append", "--db", f"sqlite:///{tmp_path}/h.db", "--json")
+    r = run_cli(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--k", "1", "--tasks", "append", "--db", f"sqlite:///{tmp_path}/h.db", "--json")
     assert r.returncode == 0, r.stderr
     assert not run_containers(docker_client, "r-dead")
     try:
@@ -126,7 +126,7 @@ def test_read_only_store_is_a_clear_error(docker_client, tmp_path):
     db = tmp_path / "h.db"
     Store.open(f"sqlite:///{db}")  # an existing store...
     url = f"sqlite:///file:{db}?mode=ro&uri=true"  # ...opened read-only by the driver
-    r = run_cli(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--db", url)
+    r = run_cli(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--k", "1", "--db", url)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     assert "read-only" in r.stderr and "--db" in r.stderr, r.stderr
@@ -139,7 +139,7 @@ def test_locked_store_is_a_clear_error(docker_client, tmp_path):
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
-        r = run_cli(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--db", f"sqlite:///{db}")
+        r = run_cli(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--k", "1", "--db", f"sqlite:///{db}")
     finally:
         holder.execute("ROLLBACK")
         holder.close()

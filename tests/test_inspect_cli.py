@@ -220,7 +220,7 @@ def runs(docker_client, tmp_path_factory):
     db = f"sqlite:///{home}/h.db"
     # other work on this host can spoil attempts too: the tests below compare with whatever
     # was stored (discarded reruns included), never with fixed counts
-    r = _harness(home, "run", "--suite", PROBE, "--trials", "2", "--max-reruns", "4", "--db", db, "--json")
+    r = _harness(home, "run", "--suite", PROBE, "--trials", "2", "--k", "1,2", "--max-reruns", "4", "--db", db, "--json")
     assert r.returncode == 0, r.stderr
     clean_run = json.loads(r.stdout)["run_id"]
 
@@ -237,7 +237,7 @@ def runs(docker_client, tmp_path_factory):
     try:
         time.sleep(0.3)
         r = _harness(
-            home, "run", "--suite", PROBE, "--tasks", "append", "--trials", "1", "--max-reruns", "0",
+            home, "run", "--suite", PROBE, "--tasks", "append", "--trials", "1", "--k", "1", "--max-reruns", "0",
             "--reserve-cores", str(reserve), "--db", db, "--json", env={"PROBE_BURN": "0.8"},
         )
     finally:

@@ -132,7 +132,7 @@ def test_rerun_budget_zero_leaves_the_slot_unmeasured(docker_client, tmp_path):
     try:
         time.sleep(0.3)
         r = harness(
-            tmp_path, "run", "--suite", PROBE, "--tasks", "append", "--trials", "2", "--max-reruns", "0",
+            tmp_path, "run", "--suite", PROBE, "--tasks", "append", "--trials", "2", "--k", "1,2", "--max-reruns", "0",
             "--db", db_url(tmp_path), "--json", env={"PROBE_BURN": "0.8"},
         )
     finally:
