@@ -11,7 +11,7 @@ TRIALS ?=
 REQUIRE ?= pass^4>=0.9
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv engine engine-stop images demo test test-fast bench schemas eval gate clean
+.PHONY: help setup venv engine engine-stop images browser compose demo test test-fast bench schemas eval gate clean
 
 help:
 	@echo "make demo      set up (venv, engine, images) and run the refunds suite"
@@ -38,18 +38,30 @@ engine-stop:
 images: venv engine
 	@$(HARNESS) images build
 
+# Debian's chromium for the HTML report's headless-browser test (root installs it)
+browser:
+	@command -v chromium >/dev/null || { echo "installing chromium (apt-get)..."; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; }
+
+# Debian's docker-compose, the baseline of the throughput benchmark
+compose:
+	@command -v docker-compose >/dev/null || { echo "installing docker-compose (apt-get)..."; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null; }; }
+
 setup: images
 
 demo: setup
 	$(HARNESS) run --suite refunds
 
-test: setup
+test: setup browser
 	HARNESS_REQUIRE_DOCKER=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not docker" $(PYTEST_ARGS)
 
-bench: setup
+bench: setup compose
 	$(PY) -m harness.bench
 
 schemas: venv

@@ -38,7 +38,7 @@ class ImageBuildError(RuntimeError):
 def docker_dir() -> Path:
     """The ``docker/`` directory: the repo's, or the copy shipped in the package."""
     here = Path(__file__).resolve().parent
-    for cand in (here.parent / "docker", here / "docker"):
+    for cand in (here / "docker", here.parent / "docker"):
         if (cand / "sandbox.Dockerfile").is_file():
             return cand
     raise ImageBuildError("docker/sandbox.Dockerfile not found; run from a checkout of harness")
