@@ -24,6 +24,7 @@ import os
 import random
 import statistics
 import time
+from pathlib import Path
 
 from harness.images import SANDBOX_IMAGE
 from harness.profile import load_profile
@@ -130,7 +131,7 @@ def _sampling(client, prof, cpuset, seconds: float, hz: float) -> dict:
 NOOP_AGENT = "import os, sqlite3; sqlite3.connect(os.environ['HARNESS_STATE']).execute('select count(*) from log').fetchone()"
 
 
-def _noop_suite(root: "Path") -> "Path":
+def _noop_suite(root: Path) -> Path:
     d = root / "noop"
     (d / "tasks").mkdir(parents=True)
     (d / "Dockerfile").write_text("ARG BASE=harness/sandbox:latest\nFROM ${BASE}\n")
@@ -172,7 +173,6 @@ def bench_throughput(client, trials: int) -> dict:
     import subprocess
     import sys
     import tempfile
-    from pathlib import Path
 
     compose = shutil.which("docker-compose")
     # not leased: the harness run below leases the trial core itself (a lease here would make
@@ -225,7 +225,6 @@ def bench_report_query(n_attempts: int = 1_000_000, run_attempts: int = 200) -> 
     """Summarise one run inside a store of ``n_attempts`` attempts vs a raw sqlite3 query."""
     import sqlite3
     import tempfile
-    from pathlib import Path
 
     from harness.store import RunRow, Store
     from harness.summary import summarize

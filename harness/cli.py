@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
-import time
-from pathlib import Path
 from typing import Any, Optional
 
 import typer

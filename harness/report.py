@@ -845,7 +845,7 @@ def render_junit(report: dict[str, Any]) -> str:
             f"failure kinds: {fk or 'none'}",
         ]
         if t["unmeasured"]:
-            detail.append(f"unmeasured slots: " + "; ".join(f"trial {u['slot']} ({', '.join(u['reasons'])})" for u in t["unmeasured"]))
+            detail.append("unmeasured slots: " + "; ".join(f"trial {u['slot']} ({', '.join(u['reasons'])})" for u in t["unmeasured"]))
         if t["discarded"]:
             detail.append(f"discarded attempts: {t['discarded']} ({_counts_text(t['discard_reasons'])})")
         if v is None:

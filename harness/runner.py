@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -38,8 +38,6 @@ from harness.sandbox import (
     INPUT_DIR,
     LABEL_ATTEMPT,
     LABEL_RUN,
-    EngineError,
-    Monitor,
     Sandbox,
     SandboxError,
     _pid_alive,
@@ -557,24 +555,9 @@ def run_attempt(
             "HARNESS_WORKDIR": "/work",
             "HOME": "/work",
         }
-        t0 = time.monotonic()
-        host0 = hoststats.read_host_snapshot(t0)
-        cg0 = sb.snapshot()
-        mon = None
-        if cg0 is not None:
-            mon = Monitor(sb._reader.read, cpuset, profile.sample_hz)
-            mon.start(t0, host0, cg0)
-        exec_res = sb.exec(list(run.agent_cmd), timeout=profile.timeouts.agent, env=env, workdir="/work")
-        if mon:
-            mon.stop()
-        # exact end readings before anything else touches the container
-        cg1 = sb.snapshot()
-        host1 = hoststats.read_host_snapshot(time.monotonic())
-        if cg0 is not None and cg1 is not None:
-            counters = CounterDelta.between(cg0, cg1, mon.pids_peak if mon else None)
-            host = HostDelta.between(host0, host1, cpuset, counters.cpu_usage_us, mon.mem_available_min if mon else None)
-        if mon:
-            samples = [s.model_dump() for s in mon.samples]
+        m = sb.measured_exec(list(run.agent_cmd), timeout=profile.timeouts.agent, env=env, workdir="/work")
+        exec_res, counters, host = m.result, m.counters, m.host
+        samples = [x.model_dump() for x in m.samples]
         if exec_res.exit_code is None and not exec_res.timed_out:
             infra = f"agent exec failed: {exec_res.stderr.strip()[-300:]}"
             return row, samples

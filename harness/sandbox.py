@@ -201,6 +201,16 @@ class Monitor:
             self._thread.join(timeout=2)
 
 
+@dataclass
+class Measured:
+    """A command's result with what the kernel measured while it ran."""
+
+    result: ExecResult
+    counters: CounterDelta | None
+    host: HostDelta | None
+    samples: list[Sample]
+
+
 _LIVE: dict[str, "Sandbox"] = {}
 _LIVE_LOCK = threading.Lock()
 
@@ -554,6 +564,27 @@ class Sandbox:
             stderr_truncated=err_tr,
         )
 
+    def measured_exec(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None, workdir: str | None = None) -> "Measured":
+        """``exec`` under the monitor: cgroup and host readings right before and right after
+        the command (before anything else touches the container), and the saturation log."""
+        t0 = time.monotonic()
+        host0 = hoststats.read_host_snapshot(t0)
+        cg0 = self.snapshot()
+        mon = None
+        if cg0 is not None:
+            mon = Monitor(self._reader.read, self.cpuset, self.profile.sample_hz)
+            mon.start(t0, host0, cg0)
+        res = self.exec(cmd, timeout=timeout, env=env, workdir=workdir)
+        if mon:
+            mon.stop()
+        cg1 = self.snapshot()
+        host1 = hoststats.read_host_snapshot(time.monotonic())
+        counters = host = None
+        if cg0 is not None and cg1 is not None:
+            counters = CounterDelta.between(cg0, cg1, mon.pids_peak if mon else None)
+            host = HostDelta.between(host0, host1, self.cpuset, counters.cpu_usage_us, mon.mem_available_min if mon else None)
+        return Measured(result=res, counters=counters, host=host, samples=mon.samples if mon else [])
+
     # -- files out -------------------------------------------------------------
     def export(self, names: Iterable[str], workdir: str = "/work", max_bytes: int = 64 * 1024 * 1024, timeout: float = 30) -> tuple[dict[str, bytes], list[str]]:
         """Stream regular files out of the container as a tar produced by exec (never the
@@ -659,36 +690,18 @@ def run_command(
         sb.remove()
         return AttemptResult(container=sb.name, image=image, profile=profile.name, cpuset=cpuset, kind="infra_error", error=str(e))
     try:
-        t0 = time.monotonic()
-        host0 = hoststats.read_host_snapshot(t0)
-        cg0 = sb.snapshot()
-        mon = None
-        if cg0 is not None:
-            mon = Monitor(sb._reader.read, cpuset, profile.sample_hz)
-            mon.start(t0, host0, cg0)
-        res = sb.exec(cmd, timeout=timeout or profile.timeouts.agent, env=env)
-        if mon:
-            mon.stop()
-        # read the exact end counters before the container goes away
-        cg1 = sb.snapshot()
-        host1 = hoststats.read_host_snapshot(time.monotonic())
-        counters = CounterDelta.between(cg0, cg1, mon.pids_peak if mon else None) if cg0 and cg1 else None
-        host = (
-            HostDelta.between(host0, host1, cpuset, counters.cpu_usage_us if counters else 0, mon.mem_available_min if mon else None)
-            if counters
-            else None
-        )
+        m = sb.measured_exec(cmd, timeout=timeout or profile.timeouts.agent, env=env)
         return AttemptResult(
             container=sb.name,
             image=image,
             profile=profile.name,
             cpuset=cpuset,
-            exec=res,
-            kind=classify(res, counters),
+            exec=m.result,
+            kind=classify(m.result, m.counters),
             envelope=sb.envelope,
-            counters=counters,
-            host=host,
-            samples=mon.samples if mon else [],
+            counters=m.counters,
+            host=m.host,
+            samples=m.samples,
         )
     finally:
         sb.remove()

@@ -33,6 +33,11 @@ def docker_client():
 
 @pytest.fixture()
 def trial_cpu():
-    """A core for a pinned test container: the last one, leaving cpu 0 to the controller."""
-    cpus = sorted(os.sched_getaffinity(0))
-    return [cpus[-1]]
+    """A core for a pinned test container, leased like a run's (flock), so a test never
+    shares its core with another harness controller on this machine."""
+    from harness.scheduler import CpuPool
+
+    pool = CpuPool.for_host()
+    got = pool.lease(1)
+    yield got
+    pool.release(got)
