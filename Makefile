@@ -8,6 +8,7 @@ HARNESS := $(VENV)/bin/harness
 SUITE ?= refunds
 PROFILE ?=
 TRIALS ?=
+K ?=
 REQUIRE ?= pass^4>=0.9
 PYTEST_ARGS ?=
 
@@ -17,8 +18,8 @@ help:
 	@echo "make demo      set up (venv, engine, images) and run the refunds suite"
 	@echo "make test      set up and run the whole test suite (real containers)"
 	@echo "make bench     overhead and throughput ratios against baselines measured in the same run"
-	@echo "make eval SUITE=refunds [PROFILE=tight] [TRIALS=8]   run a suite"
-	@echo "make gate SUITE=refunds REQUIRE='pass^4>=0.9'         run a suite and gate on it (exit 1 if unmet)"
+	@echo "make eval SUITE=refunds [PROFILE=tight] [TRIALS=8] [K=1,2,4,8]   run a suite"
+	@echo "make gate SUITE=refunds REQUIRE='pass^4>=0.9' [TRIALS=4 K=1,2,4]  run a suite, then gate on it (non-zero exit if unmet)"
 	@echo "make engine    make sure a Docker engine answers (installs docker.io, starts dockerd; root)"
 	@echo "make images    build harness/base (offline, mmdebstrap), harness/sandbox and suite images"
 
@@ -67,11 +68,13 @@ bench: setup compose
 schemas: venv
 	$(PY) -m harness.schemas
 
+RUN_ARGS = --suite $(SUITE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(TRIALS),--trials $(TRIALS)) $(if $(K),--k $(K))
+
 eval: setup
-	$(HARNESS) run --suite $(SUITE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(TRIALS),--trials $(TRIALS))
+	$(HARNESS) run $(RUN_ARGS)
 
 gate: setup
-	@set -o pipefail; run_id=$$($(HARNESS) run --suite $(SUITE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(TRIALS),--trials $(TRIALS)) --json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)["run_id"])') && \
+	@set -o pipefail; run_id=$$($(HARNESS) run $(RUN_ARGS) --json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)["run_id"])') && \
 	$(HARNESS) gate $$run_id $(foreach r,$(REQUIRE),--require '$(r)')
 
 clean:

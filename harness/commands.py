@@ -410,7 +410,7 @@ def print_sweep(doc: dict[str, Any]) -> None:
         t.add_column(c)
     for k in ks:
         t.add_column(f"pass^{k} [95% CI]")
-    for c in ("Δpass@1 vs ref [CI]", "p", "timeouts", "OOM", "discarded", "run"):
+    for c in ("Δpass@1 vs ref [CI]", "p", "timeouts", "OOM", "discarded"):
         t.add_column(c)
     for r in doc["profiles"]:
         e = r["envelope"]
@@ -420,10 +420,9 @@ def print_sweep(doc: dict[str, Any]) -> None:
         cells = [r["profile"], f"{e['cpus']:g}", format_size(e["memory"]), f"{e['agent_timeout_s']:g}s", _ci(r["metrics"].get("pass@1"))]
         cells += [_ci(r["metrics"].get(f"pass^{k}")) for k in ks]
         ds = r["discarded_share"]
-        cells += [delta, p, str(r["timeouts"]), str(r["oom_killed"]), "-" if ds is None else f"{100 * ds:.0f}%", r["run_id"]]
+        cells += [delta, p, str(r["timeouts"]), str(r["oom_killed"]), "-" if ds is None else f"{100 * ds:.0f}%"]
         t.add_row(*cells)
     console.print(t)
     for r in doc["profiles"]:
-        if r["note"]:
-            console.print(f"[dim]{r['profile']}: {r['note']}[/]")
+        console.print(f"[dim]{r['profile']}: run {r['run_id']}{' — ' + r['note'] if r['note'] else ''}[/]", highlight=False)
     console.print("[dim]Δ = this envelope minus the reference, paired per task (same tasks, same seeds); CI by cluster bootstrap over tasks.[/]")
