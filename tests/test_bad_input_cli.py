@@ -1,0 +1,144 @@
+"""Bad input through the CLI: one clear line on stderr, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+PROBE = HERE / "suites" / "probe"
+BROKEN = HERE / "fixtures" / "suites" / "broken"
+
+
+def harness(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home")}
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def assert_usage_error(r: subprocess.CompletedProcess, tmp_path: Path, *needles: str, lines: int | None = 1) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    err_lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    if lines is not None:
+        assert len(err_lines) == lines, r.stderr
+    for n in needles:
+        assert n in r.stderr, (n, r.stderr)
+    assert not (tmp_path / "h.db").exists(), "nothing may be written to the store"
+    assert not (tmp_path / "home").exists(), "no artifacts folder either"
+
+
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/h.db"
+
+
+def copy_probe(tmp_path: Path) -> Path:
+    d = tmp_path / "suite"
+    shutil.copytree(PROBE, d)
+    return d
+
+
+def test_unknown_suite(tmp_path):
+    r = harness(tmp_path, "run", "--suite", "no-such-suite", "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "no-such-suite")
+
+
+def test_broken_suite_names_file_and_key(tmp_path):
+    r = harness(tmp_path, "run", "--suite", str(BROKEN), "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "suite.toml", lines=None)
+
+
+@pytest.mark.parametrize(
+    "old, new, needles",
+    [
+        ('trials = 3', 'trials = 3\ncolour = "red"', ["suite.toml", "colour", "unknown key"]),
+        ('trials = 3', 'trials = "three"', ["suite.toml", "trials"]),
+        ('k = [1, 2, 3]', 'k = [1, 2, 9]', ["suite.toml", "k", "exceeds trials"]),
+        ('state_sql = ["schema.sql"]', 'state_sql = ["missing.sql"]', ["suite.toml", "state_sql", "missing.sql"]),
+    ],
+)
+def test_bad_suite_file_fields(tmp_path, old, new, needles):
+    d = copy_probe(tmp_path)
+    f = d / "suite.toml"
+    text = f.read_text()
+    assert old in text
+    f.write_text(text.replace(old, new, 1))
+    r = harness(tmp_path, "run", "--suite", str(d), "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, *needles)
+
+
+def test_bad_task_file_names_file_and_key(tmp_path):
+    d = copy_probe(tmp_path)
+    f = d / "tasks" / "append.toml"
+    f.write_text(f.read_text().replace('rows = [[0]]', 'rows = [[0]]\ncount = 1'))
+    r = harness(tmp_path, "run", "--suite", str(d), "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "append.toml", "expect")
+
+
+def test_k_above_trials_on_the_command_line(tmp_path):
+    r = harness(tmp_path, "run", "--suite", str(PROBE), "--trials", "2", "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "k = 3", "exceeds 2 trials", "--k")
+
+
+def test_unknown_profile(tmp_path):
+    r = harness(tmp_path, "run", "--suite", str(PROBE), "--profile", "huge", "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "unknown profile 'huge'", "standard")
+
+
+@pytest.mark.parametrize(
+    "body, needles",
+    [
+        ("cpus = 4\ncores = 1\n", ["cpus = 4.0 exceeds cores = 1"]),
+        ("memory = '4m'\n", ["memory", "below the floor"]),
+        ("cores = 64\ncpus = 1\n", ["needs 64 exclusive cores"]),
+    ],
+)
+def test_impossible_envelopes(tmp_path, body, needles):
+    prof = tmp_path / "p.toml"
+    prof.write_text(body)
+    r = harness(tmp_path, "run", "--suite", str(PROBE), "--profile", str(prof), "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, *needles, lines=None)
+
+
+def test_cpuset_out_of_range(tmp_path):
+    r = harness(tmp_path, "sandbox", "exec", "--cpuset", "99", "--", "true")
+    assert r.returncode == 2 and "cores [99] do not exist" in r.stderr, r.stderr
+
+
+def test_unknown_task(tmp_path):
+    r = harness(tmp_path, "run", "--suite", str(PROBE), "--tasks", "append,nope", "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "no task nope")
+
+
+def test_missing_image_hints_make_images(tmp_path, docker_client):
+    d = copy_probe(tmp_path)
+    f = d / "suite.toml"
+    f.write_text(f.read_text().replace('image = "harness/sandbox:latest"', 'image = "harness/does-not-exist:latest"'))
+    r = harness(tmp_path, "run", "--suite", str(d), "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "harness/does-not-exist:latest", "make images")
+
+
+@pytest.mark.parametrize("cmd", [["report", "r-nope"], ["trials", "r-nope"], ["gate", "r-nope", "--require", "pass@1>=0.5"], ["show", "99999"], ["samples", "r-nope"]])
+def test_unknown_run_or_attempt_ids(tmp_path, cmd):
+    from harness.store import Store
+
+    Store.open(db(tmp_path))  # an empty store exists
+    r = harness(tmp_path, *cmd, "--db", db(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
+
+
+def test_reading_a_store_that_does_not_exist(tmp_path):
+    r = harness(tmp_path, "runs", "--db", db(tmp_path))
+    assert r.returncode == 2 and "no harness database" in r.stderr, r.stderr
+    assert not (tmp_path / "h.db").exists()
+
+
+def test_resume_with_identity_options_is_refused(tmp_path):
+    r = harness(tmp_path, "run", "--resume", "last", "--trials", "3", "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "--resume keeps the run's identity", "--trials")
