@@ -12,7 +12,7 @@ K ?=
 REQUIRE ?= pass^4>=0.9
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv engine engine-stop images browser compose demo test test-fast bench schemas eval gate clean
+.PHONY: help setup venv engine engine-stop images browser compose postgres demo test test-fast bench schemas eval gate clean
 
 help:
 	@echo "make demo      set up (venv, engine, images) and run the refunds suite"
@@ -45,6 +45,13 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; }
 
+# Debian's postgresql server binaries for the Postgres store test (the test starts its own
+# private cluster on a unix socket and stops it)
+postgres:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { echo "installing postgresql (apt-get)..."; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; }; }
+
 # Debian's docker-compose, the baseline of the throughput benchmark
 compose:
 	@command -v docker-compose >/dev/null || { echo "installing docker-compose (apt-get)..."; \
@@ -56,7 +63,7 @@ setup: images
 demo: setup
 	$(HARNESS) run --suite refunds
 
-test: setup browser
+test: setup browser postgres
 	HARNESS_REQUIRE_DOCKER=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: venv
