@@ -124,6 +124,10 @@ def sandbox_exec(
             die(f"--cpuset {cpuset}: cores {bad} do not exist here (available: {_fmt_cpus(allowed_cpus())})")
         if len(cpus) < prof.cpus:
             die(f"--cpuset {cpuset} has {len(cpus)} cores but profile {prof.name} asks for cpus = {prof.cpus}")
+        try:
+            CpuPool(cpus=allowed_cpus()).lock_exact(cpus)  # wait for any run holding these cores
+        except SchedulerError as e:
+            die(str(e))
     else:
         try:
             cpus = CpuPool.for_host().lease(prof.cores)

@@ -148,6 +148,8 @@ def run(
             raise typer.Exit(130)
         except StoreError as e:
             die(str(e), EXIT_INFRA)
+        except RunError as e:
+            die(str(e), EXIT_USAGE)
     wall = time.monotonic() - t0
     summary = summarize(store_.get_run(r.id), store_.attempts(r.id))
     summary["wall_s"] = round(wall, 1)

@@ -57,7 +57,7 @@ BIAS_ALPHA = 0.05
 
 def task_summaries(run: Any, attempts: Iterable[Any]) -> list[TaskSummary]:
     """Slot views of every task of the run, in the run's task order."""
-    views = slot_views(list(attempts), list(run.task_ids), run.trials)
+    views = slot_views(list(attempts), list(run.task_ids), run.trials, run.max_reruns)
     return [TaskSummary(task=t, slots=v, ks=list(run.ks)) for t, v in views.items()]
 
 

@@ -17,6 +17,7 @@ import os
 import queue
 import secrets
 import shutil
+import signal
 import socket
 import sqlite3
 import tempfile
@@ -43,6 +44,7 @@ from harness.sandbox import (
     _pid_alive,
     connect,
     sweep_containers,
+    sweep_unowned,
 )
 from harness.scheduler import CpuPool
 from harness.sla import judge
@@ -156,6 +158,7 @@ class Runner:
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         self._stop = threading.Event()
+        self._interrupted = threading.Event()  # set by interrupt() only, not by controller errors
         self._busy = 0
 
     # -- planning --------------------------------------------------------------
@@ -241,7 +244,7 @@ class Runner:
         run = store.get_run(run_id)
         if run.status == "complete":
             raise RunError(f"run {run.id} is complete; nothing to resume")
-        owner = run.controller.split(":")
+        owner = (run.controller or "").split(":")
         if run.status == "running" and len(owner) == 2 and owner[0] == socket.gethostname() and owner[1].isdigit() and _pid_alive(int(owner[1])) and int(owner[1]) != os.getpid():
             raise RunError(f"run {run.id} is still being run by process {owner[1]}; stop it first (Ctrl-C) or wait")
         try:
@@ -265,9 +268,18 @@ class Runner:
             run_conc = pool.concurrency(max(profile.with_override(t.envelope).cores for t in tasks), concurrency)
         else:
             run_conc = pool.concurrency(max(profile.with_override(t.envelope).cores for t in tasks), run.concurrency)
+        facts = hoststats.host_facts()
+        now = {"harness_version": harness.__version__, "cgroup_version": str(facts.get("cgroup_version", ""))}
+        differs = [f"{k} {getattr(run, k)} -> {v}" for k, v in now.items() if str(getattr(run, k)) != v]
+        if differs:
+            raise RunError(
+                f"run {run.id} was started under another identity ({'; '.join(differs)}); resuming would "
+                "mix two environments in one run — start a new run"
+            )
         self = cls(store, run, suite, profile, tasks, client, pool)
         self.run.concurrency = run_conc
         self._resuming = True
+        self._claimed_from = run.controller or ""
         return self
 
     def pending_slots(self) -> tuple[list[SlotState], Progress]:
@@ -305,7 +317,9 @@ class Runner:
         containers and marks the run interrupted (resumable with ``harness run --resume``)."""
         self.run.controller = f"{socket.gethostname()}:{os.getpid()}"
         if getattr(self, "_resuming", False):
-            self.store.update_run(self.run.id, status="running", controller=self.run.controller, concurrency=self.run.concurrency)
+            if not self.store.claim_run(self.run.id, self._claimed_from, self.run.controller):
+                raise RunError(f"run {self.run.id} was just claimed by another controller; not resuming it twice")
+            self.store.update_run(self.run.id, concurrency=self.run.concurrency)
         else:
             self.store.add_run(self.run)
         self.artifacts.mkdir(parents=True, exist_ok=True)
@@ -344,8 +358,10 @@ class Runner:
                 if self._stop.is_set():
                     return
                 if "infra_error" in row.reasons:
-                    # an engine restart: wait for it to answer before burning the slot's budget
-                    wait_for_engine(self.client, timeout=120, stop=self._stop)
+                    # an engine restart: wait for it to answer before burning the slot's budget,
+                    # then remove what could not be removed while it was down
+                    if wait_for_engine(self.client, timeout=120, stop=self._stop):
+                        sweep_unowned(self.client, self.run.id)
                 with lock:
                     prog.attempts += 1
                     if row.verdict == "clean":
@@ -371,8 +387,18 @@ class Runner:
                 while t.is_alive():
                     t.join(timeout=0.2)
         except KeyboardInterrupt:
-            self.interrupt()
+            # a second Ctrl-C must not cut the clean-up short
+            old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                self.interrupt()
+                # let in-flight attempts land in the store (as `interrupted`) before exiting
+                deadline = time.monotonic() + 15
+                for t in threads:
+                    t.join(timeout=max(0.0, deadline - time.monotonic()))
+            finally:
+                signal.signal(signal.SIGINT, old)
             raise
+        sweep_unowned(self.client, self.run.id)
         if errors:
             self.store.set_run_status(self.run.id, "failed")
             raise errors[0]
@@ -383,6 +409,7 @@ class Runner:
         """Stop scheduling, remove this run's containers now, mark the run interrupted."""
         from harness.sandbox import remove_all_live
 
+        self._interrupted.set()
         self._stop.set()
         remove_all_live()
         try:
@@ -429,7 +456,7 @@ class Runner:
             with self._inflight_lock:
                 self._inflight -= 1
             self.pool.release(cpuset)
-        if self._stop.is_set() and row.verdict == "discarded":
+        if self._interrupted.is_set() and row.verdict == "discarded":
             # the controller was stopped under this attempt: evidence, but not the slot's fault
             row.reasons = ["interrupted"]
             st.budget_used -= 1
@@ -539,7 +566,7 @@ def run_attempt(
         if setup.exit_code != 0:
             infra = (
                 f"setup failed (exit {setup.exit_code}{', timed out' if setup.timed_out else ''}): "
-                f"{(setup.stderr or setup.stdout).strip().splitlines()[-1:] or ''}"
+                f"{((setup.stderr or setup.stdout).strip().splitlines() or [''])[-1][:300]}"
             )
             return row, samples
         env = {
@@ -561,11 +588,21 @@ def run_attempt(
         if exec_res.exit_code is None and not exec_res.timed_out:
             infra = f"agent exec failed: {exec_res.stderr.strip()[-300:]}"
             return row, samples
+        if not sb.alive():
+            # removed or killed outside the harness (an engine restart, `docker rm`, Ctrl-C):
+            # the exit status means nothing, so the attempt cannot be graded
+            infra = "container died during the agent phase (engine restart, removal or kill outside the harness)"
+            return row, samples
+        if counters is None:
+            infra = "the container's cgroup counters could not be read; the attempt is unmeasured"
+            return row, samples
         # orphans the agent left behind must not touch the state while it is copied out
         sb.kill_tree()
         files, problems = sb.export([STATE_FILE, STATE_FILE + "-wal", TRANSCRIPT_FILE], timeout=profile.timeouts.grade)
         if problems:
             row.error = "; ".join(problems)
+            if not sb.alive():
+                infra = "container died while the final state was exported"
     except Exception as e:  # engine went away mid-attempt, etc.
         infra = f"{type(e).__name__}: {str(e)[:300]}"
         row.error = (row.error or "") + traceback.format_exc(limit=3)[-1500:]

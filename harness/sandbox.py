@@ -18,6 +18,7 @@ import io
 import os
 import shutil
 import signal
+import socket
 import tarfile
 import tempfile
 import threading
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterable
 
 import docker
 import docker.errors
+import requests
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness import cgroup, hoststats
@@ -39,6 +41,7 @@ LABEL = "dev.harness"  # every container the harness starts carries dev.harness=
 LABEL_RUN = "dev.harness.run"
 LABEL_ATTEMPT = "dev.harness.attempt"
 LABEL_OWNER = "dev.harness.owner-pid"
+LABEL_HOST = "dev.harness.owner-host"  # with the pid: a controller in another pid namespace or host is never "dead" to us
 INPUT_DIR = "/harness/in"
 PAGE = 4096
 
@@ -242,6 +245,9 @@ def sweep_containers(client: docker.DockerClient, run_id: str | None = None, onl
     for c in client.containers.list(all=True, filters=filters):
         if only_dead_owners:
             owner = c.labels.get(LABEL_OWNER, "")
+            host = c.labels.get(LABEL_HOST)
+            if host is not None and host != _controller_host():
+                continue  # another host or pid namespace: its pids mean nothing here
             if owner.isdigit() and _pid_alive(int(owner)):
                 continue
         try:
@@ -250,6 +256,36 @@ def sweep_containers(client: docker.DockerClient, run_id: str | None = None, onl
         except docker.errors.NotFound:
             pass
     return removed
+
+
+def sweep_unowned(client: docker.DockerClient, run_id: str) -> list[str]:
+    """Remove this run's containers that no sandbox of this process holds any more (a
+    removal that failed while the engine was restarting). Live sandboxes are left alone."""
+    removed = []
+    try:
+        found = client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"{LABEL_RUN}={run_id}"]})
+    except Exception:
+        return removed
+    with _LIVE_LOCK:
+        live = set(_LIVE)
+    for c in found:
+        if c.name in live:
+            continue
+        try:
+            c.remove(force=True)
+            removed.append(c.name)
+        except Exception:
+            pass
+    return removed
+
+
+def _controller_host() -> str:
+    """hostname plus this pid namespace's inode: pids are only comparable within it."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = "?"
+    return f"{socket.gethostname()}:{ns}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -313,7 +349,7 @@ class Sandbox:
         for path, size in p.tmpfs.items():
             opts = f"size={size},mode=1777" if path == "/tmp" else f"size={size},uid={uid},gid={gid},mode=0700"
             tmpfs[path] = opts + ",nosuid,nodev"
-        labels = {LABEL: "1", LABEL_OWNER: str(os.getpid()), **self.labels}
+        labels = {LABEL: "1", LABEL_OWNER: str(os.getpid()), LABEL_HOST: _controller_host(), **self.labels}
         try:
             with _LIVE_LOCK:
                 _LIVE[self.name] = self
@@ -397,6 +433,16 @@ class Sandbox:
         except (OSError, cgroup.CgroupError):
             return None
 
+    def alive(self) -> bool:
+        """Is the container still running (not removed or killed from outside)?"""
+        if self.container is None or self._removed:
+            return False
+        try:
+            self.container.reload()
+            return self.container.status == "running"
+        except Exception:  # NotFound, engine down, connection reset
+            return False
+
     def _procs(self) -> list[int]:
         """Host pids of every process in the container's cgroup (cgroup.procs, v1 and v2)."""
         if self.paths is None:
@@ -479,7 +525,7 @@ class Sandbox:
         try:
             ex = api.exec_create(self.container.id, cmd, environment=env or {}, workdir=workdir, user=self.profile.user)
             stream = api.exec_start(ex["Id"], stream=True, demux=True)
-        except docker.errors.DockerException as e:
+        except (docker.errors.DockerException, requests.RequestException) as e:
             return ExecResult(cmd=cmd, exit_code=None, wall_s=time.monotonic() - t0, stderr=f"engine error: {str(e)[:300]}")
         bufs = {"out": bytearray(), "err": bytearray()}
         counts = {"out": 0, "err": 0}
@@ -522,7 +568,7 @@ class Sandbox:
                 try:
                     if not api.exec_inspect(ex["Id"])["Running"]:
                         exited_at = exited_at or now
-                except docker.errors.DockerException:
+                except (docker.errors.DockerException, requests.RequestException):
                     break
                 if exited_at and now - exited_at > 0.5:
                     # the command exited; orphans still hold its stdout open
@@ -536,7 +582,7 @@ class Sandbox:
             exit_code = info.get("ExitCode")
             if info.get("Running"):
                 exit_code = None
-        except docker.errors.DockerException:
+        except (docker.errors.DockerException, requests.RequestException):
             pass
 
         def text(key: str) -> tuple[str, bool]:
@@ -574,9 +620,11 @@ class Sandbox:
         if cg0 is not None:
             mon = Monitor(self._reader.read, self.cpuset, self.profile.sample_hz)
             mon.start(t0, host0, cg0)
-        res = self.exec(cmd, timeout=timeout, env=env, workdir=workdir)
-        if mon:
-            mon.stop()
+        try:
+            res = self.exec(cmd, timeout=timeout, env=env, workdir=workdir)
+        finally:
+            if mon:
+                mon.stop()
         cg1 = self.snapshot()
         host1 = hoststats.read_host_snapshot(time.monotonic())
         counters = host = None

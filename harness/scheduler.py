@@ -106,13 +106,39 @@ class CpuPool:
                 self._leased.add(c)
             self.peak_in_use = max(self.peak_in_use, len(self._leased))
         if self.cross_process:
-            # ascending order on every process: no lock-order deadlock between controllers.
-            # flock is per open file, so two pools in one process also exclude each other.
-            for c in got:
-                fd = os.open(lock_dir() / f"cpu{c}.lock", os.O_CREAT | os.O_RDWR, 0o666)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                self._fds[c] = fd
+            try:
+                self._lock_cores(got)
+            except BaseException:
+                self.release(got)  # roll back the in-process lease and any locks taken
+                raise
         return got
+
+    def _lock_cores(self, cores: list[int]) -> None:
+        # ascending order on every process: no lock-order deadlock between controllers.
+        # flock is per open file, so two pools in one process also exclude each other.
+        for c in sorted(cores):
+            path = lock_dir() / f"cpu{c}.lock"
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_RDONLY, 0o666)
+            except OSError as e:
+                raise SchedulerError(f"cannot open the core lock {path}: {e.strerror}; set HARNESS_LOCK_DIR to a directory you can write") from None
+            try:
+                os.fchmod(fd, 0o666)  # the umask must not lock other users out
+            except OSError:
+                pass
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._fds[c] = fd
+
+    def lock_exact(self, cores: list[int]) -> None:
+        """Take the cross-process locks of specific cores (``sandbox exec --cpuset``), waiting
+        for any controller that holds them. Released by :meth:`unlock_exact`."""
+        self._lock_cores(cores)
+
+    def unlock_exact(self, cores: list[int]) -> None:
+        for c in cores:
+            fd = self._fds.pop(c, None)
+            if fd is not None:
+                os.close(fd)
 
     def release(self, got: list[int]) -> None:
         for c in got:

@@ -30,7 +30,7 @@ from sqlalchemy import (
     func,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
 DEFAULT_HOME = ".harness"
@@ -149,7 +149,11 @@ class AttemptRow(Base):
     run: Mapped[RunRow] = relationship(back_populates="attempts")
     samples: Mapped[list["SampleRow"]] = relationship(back_populates="attempt", order_by="SampleRow.t")
 
-    __table_args__ = (Index("ix_attempts_run_task_slot", "run_id", "task_id", "slot"),)
+    __table_args__ = (
+        Index("ix_attempts_run_task_slot", "run_id", "task_id", "slot"),
+        # a slot's attempt numbers are unique: a second controller on the same run fails loudly
+        Index("ux_attempts_slot_attempt", "run_id", "task_id", "slot", "attempt_no", unique=True),
+    )
 
 
 class SampleRow(Base):
@@ -240,6 +244,18 @@ class Store:
                 s.bulk_insert_mappings(SampleRow, [{**x, "attempt_id": attempt.id} for x in samples])
             return attempt.id
 
+    def claim_run(self, run_id: str, expected_controller: str | None, controller: str) -> bool:
+        """Compare-and-swap the run's controller: True when this process now owns the run,
+        False when another controller claimed it first (two `--resume` at once)."""
+        from sqlalchemy import or_, update
+
+        cond = RunRow.controller.is_(None) if expected_controller is None else RunRow.controller == expected_controller
+        if expected_controller == "":
+            cond = or_(RunRow.controller.is_(None), RunRow.controller == "")
+        with self._tx() as s:
+            res = s.execute(update(RunRow).where(RunRow.id == run_id, cond).values(controller=controller, status="running", finished_at=None))
+            return res.rowcount == 1
+
     def update_run(self, run_id: str, **fields: Any) -> None:
         with self._tx() as s:
             r = s.get(RunRow, run_id)
@@ -327,6 +343,11 @@ class _Tx:
             self.s.close()
         if isinstance(ev, OperationalError):
             raise StoreError(_explain(self.store.url, ev)) from None
+        if isinstance(ev, IntegrityError):
+            raise StoreError(
+                f"database {self.store.url}: a row that must be unique already exists ({str(ev.orig)[:200]}); "
+                "is another controller running the same run?"
+            ) from None
 
 
 def _add_missing_columns(engine: Engine) -> None:

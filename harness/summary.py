@@ -20,12 +20,18 @@ class SlotView:
     slot: int
     clean: Any | None = None
     discarded: list[Any] = field(default_factory=list)
+    max_reruns: int | None = None  # the run's rerun budget; None: any discard means unmeasured
 
     @property
     def status(self) -> str:
+        """pass / fail (its clean attempt), unmeasured (rerun budget spent without a clean
+        attempt), or pending (not finished: never run, or cut short by an interruption)."""
         if self.clean is not None:
             return self.clean.outcome or "fail"
-        return "unmeasured" if self.discarded else "pending"
+        charged = [a for a in self.discarded if "interrupted" not in (a.reasons or [])]
+        if self.max_reruns is None:
+            return "unmeasured" if charged else "pending"
+        return "unmeasured" if len(charged) > self.max_reruns else "pending"
 
 
 @dataclass
@@ -73,10 +79,10 @@ class TaskSummary:
         return dict(out)
 
 
-def slot_views(attempts: Iterable[Any], task_ids: list[str], trials: int) -> dict[str, list[SlotView]]:
+def slot_views(attempts: Iterable[Any], task_ids: list[str], trials: int, max_reruns: int | None = None) -> dict[str, list[SlotView]]:
     """Group attempts into slots. If a slot somehow has several clean attempts (it should
     not), the first one counts and the rest are ignored, so nothing is counted twice."""
-    views = {t: [SlotView(task=t, slot=i) for i in range(trials)] for t in task_ids}
+    views = {t: [SlotView(task=t, slot=i, max_reruns=max_reruns) for i in range(trials)] for t in task_ids}
     for a in sorted(attempts, key=lambda a: (a.task_id, a.slot, a.attempt_no, a.id or 0)):
         if a.task_id not in views or a.slot >= trials:
             continue
@@ -91,7 +97,7 @@ def slot_views(attempts: Iterable[Any], task_ids: list[str], trials: int) -> dic
 
 def summarize(run: Any, attempts: list[Any]) -> dict[str, Any]:
     """Per-task rows and suite metrics of a run, recomputed from its attempts."""
-    views = slot_views(attempts, list(run.task_ids), run.trials)
+    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns)
     tasks = [TaskSummary(task=t, slots=v, ks=list(run.ks)) for t, v in views.items()]
     metrics: dict[str, float | None] = {}
     excluded: dict[str, list[str]] = {}

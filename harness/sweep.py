@@ -143,7 +143,7 @@ def paired_vs_reference(res: ProfileResult, ref: ProfileResult, ks: list[int], s
 def load_result(store: Any, run_id: str, profile: Profile, note: str = "") -> ProfileResult:
     run = store.get_run(run_id)
     atts = store.attempts(run_id)
-    views = slot_views(atts, list(run.task_ids), run.trials)
+    views = slot_views(atts, list(run.task_ids), run.trials, run.max_reruns)
     tasks = [TaskSummary(task=t, slots=v, ks=list(run.ks)) for t, v in views.items()]
     return ProfileResult(profile=profile, run_id=run_id, note=note, tasks=tasks, attempts=atts)
 

@@ -180,3 +180,26 @@ def test_engine_restart_mid_run_is_infra_error_and_the_run_completes(docker_clie
     infra = [a for a in store.attempts(run_id) if "infra_error" in (a.reasons or [])]
     assert infra, "the attempt cut by the restart is kept as a discarded infra_error"
     assert all(a.verdict == "discarded" and a.error for a in infra)
+
+
+def test_container_removed_from_outside_is_infra_error_not_a_crash(docker_client, tmp_path):
+    db = tmp_path / "h.db"
+    p = start(tmp_path, "run", "--suite", PROBE, "--tasks", "append", "--trials", "1", "--k", "1", "--max-reruns", "2",
+              "--agent-cmd", "python3 -c 'import time; time.sleep(4)'", "--db", f"sqlite:///{db}", "--json")
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        found = docker_client.containers.list(filters={"label": f"{LABEL}=1", "status": "running"})
+        victim = found[0] if found else None
+        time.sleep(0.05)
+    assert victim is not None
+    time.sleep(1.0)  # inside the agent's sleep
+    victim.remove(force=True)
+    out, errs = p.communicate(timeout=120)
+    assert p.returncode == 0, errs
+    run_id = json.loads(out)["run_id"]
+    atts = Store.open(f"sqlite:///{db}", create=False).attempts(run_id)
+    first = atts[0]
+    assert first.verdict == "discarded" and first.reasons == ["infra_error"], (first.verdict, first.reasons, first.error)
+    assert "container died" in first.error
+    assert [a.verdict for a in atts[1:]] == ["clean"], "the slot was rerun in a fresh container"
