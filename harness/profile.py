@@ -159,6 +159,11 @@ class Profile(_Strict):
     output_cap: ByteSize = Field(1 * MiB, ge=1024, description="Bytes of stdout (and of stderr) kept per attempt; the rest is counted and dropped.")
     sample_hz: float = Field(5.0, gt=0, le=50, description="Saturation log sampling rate.")
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Wall-clock timeouts per phase.")
+    override_scale: float = Field(
+        1.0, gt=0, le=100,
+        description="Factor applied to a task's own envelope overrides (memory, cpus, timeouts) too; "
+        "set by `harness sweep --headroom` so tasks with overrides are scaled like the rest.",
+    )
     sla: SLA = Field(default_factory=SLA, description="Thresholds for the SLA judge.")
 
     @field_validator("memory")
@@ -196,12 +201,18 @@ class Profile(_Strict):
         if override is None:
             return self
         data = self.model_dump()
+        f = self.override_scale
         for key in ("cpus", "cores", "memory", "pids"):
             val = getattr(override, key)
             if val is not None:
                 data[key] = val
+        if f != 1.0:  # headroom sweeps scale the task's own kill limits as well
+            if override.memory is not None:
+                data["memory"] = int(override.memory * f)
+            if override.cpus is not None:
+                data["cpus"] = min(round(override.cpus * f, 4), float(data["cores"]))
         if override.timeouts:
-            data["timeouts"] = {**data["timeouts"], **override.timeouts}
+            data["timeouts"] = {**data["timeouts"], **{k: v * f for k, v in override.timeouts.items()}}
         return Profile.model_validate(data)
 
     @property

@@ -39,6 +39,7 @@ def scale_profile(p: Profile, factor: float) -> tuple[Profile, str]:
         cpus=cpus,
         memory=int(p.memory * factor),
         timeouts={k: v * factor for k, v in p.timeouts.model_dump().items()},
+        override_scale=p.override_scale * factor,
     )
     return Profile.model_validate(data), note
 
@@ -167,6 +168,8 @@ def run_sweep(
 
     sweep_id = new_sweep_id()
     results = []
+    planned = []
+    # plan every envelope first, so one that cannot run here fails before any run starts
     for prof, note in profiles:
         opts = RunOptions(
             suite=suite,
@@ -180,7 +183,8 @@ def run_sweep(
             ks=ks,
             note=f"sweep {sweep_id}: {prof.name}" + (f" ({note})" if note else ""),
         )
-        runner = Runner.plan(opts, db=db)
+        planned.append((prof, note, Runner.plan(opts, db=db)))
+    for prof, note, runner in planned:
         if on_start:
             on_start(prof, runner)
         runner.execute(on_update=on_update)

@@ -67,3 +67,16 @@ def test_sweep_runs_each_envelope_with_the_same_seeds(docker_client, tmp_path):
     seeds = [sorted((a.task_id, a.slot, a.seed) for a in store.attempts(x.id) if a.verdict == "clean") for x in runs]
     assert seeds[0] == seeds[1]
     assert runs[0].profile_json["memory"] == 128 * MiB
+
+
+def test_headroom_scales_a_tasks_own_overrides_too():
+    from harness.profile import EnvelopeOverride
+
+    base = load_profile("standard")
+    task_override = EnvelopeOverride(memory="256m", cpus=0.25, timeouts={"agent": 10})
+    scaled, _ = scale_profile(base, 2)
+    eff = scaled.with_override(task_override)
+    assert eff.memory == 512 * MiB and eff.cpus == pytest.approx(0.5) and eff.timeouts.agent == 20
+    # factor 1 leaves a task's override exactly as written
+    same = scale_profile(base, 1)[0].with_override(task_override)
+    assert same.memory == 256 * MiB and same.cpus == 0.25 and same.timeouts.agent == 10
