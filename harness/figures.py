@@ -18,6 +18,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from harness.report import HtmlBlock, Section, TextBlock
+from harness.summary import slot_views
 
 KIND_COLORS = {
     "pass": "#2e7d32",
@@ -82,23 +83,22 @@ def fig_pass_vs_k(report: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def slot_grid(attempts: Sequence[Any], task_ids: list[str], trials: int) -> tuple[list[list[str]], list[list[int]]]:
-    """Per task x slot: the clean outcome's kind (pass / failure kind / unmeasured / pending)
-    and the number of discarded attempts in that slot."""
-    kind = {t: ["pending"] * trials for t in task_ids}
-    disc = {t: [0] * trials for t in task_ids}
-    for a in attempts:
-        if a.task_id not in kind or a.slot >= trials:
-            continue
-        if a.verdict == "clean":
-            kind[a.task_id][a.slot] = "pass" if a.outcome == "pass" else (a.failure_kind or "wrong_state")
-        else:
-            disc[a.task_id][a.slot] += 1
+def slot_grid(attempts: Sequence[Any], task_ids: list[str], trials: int, max_reruns: int | None = None) -> tuple[list[list[str]], list[list[int]]]:
+    """Per task x slot: the clean outcome's kind (pass / failure kind), or unmeasured /
+    pending exactly as the report counts them, and the number of discarded attempts."""
+    views = slot_views(attempts, task_ids, trials, max_reruns)
+    kinds, disc = [], []
     for t in task_ids:
-        for i in range(trials):
-            if kind[t][i] == "pending" and disc[t][i]:
-                kind[t][i] = "unmeasured"
-    return [kind[t] for t in task_ids], [disc[t] for t in task_ids]
+        row_k, row_d = [], []
+        for v in views[t]:
+            if v.clean is not None:
+                row_k.append("pass" if v.clean.outcome == "pass" else (v.clean.failure_kind or "wrong_state"))
+            else:
+                row_k.append(v.status)
+            row_d.append(len(v.discarded))
+        kinds.append(row_k)
+        disc.append(row_d)
+    return kinds, disc
 
 
 def fig_grid(report: dict[str, Any], attempts: Sequence[Any]) -> go.Figure:
@@ -106,7 +106,7 @@ def fig_grid(report: dict[str, Any], attempts: Sequence[Any]) -> go.Figure:
     needed reruns (discarded attempts), with the count in the hover."""
     order = [t["task"] for t in report["tasks"]]  # report order: worst first
     trials = report["trials"]
-    kinds, disc = slot_grid(attempts, order, trials)
+    kinds, disc = slot_grid(attempts, order, trials, report["run"].get("max_reruns"))
     z = [[KINDS.index(k) for k in row] for row in kinds]
     n = len(KINDS)
     scale = []
