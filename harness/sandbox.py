@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 import docker
 import docker.errors
 import requests
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from harness import cgroup, hoststats
 from harness.counters import CgroupLimits, CgroupSnapshot, CounterDelta, HostDelta, HostSnapshot, Sample
@@ -705,6 +705,22 @@ class AttemptResult(BaseModel):
     host: HostDelta | None = Field(None, description="Host contention over the command.")
     samples: list[Sample] = Field(default_factory=list, description="Saturation log during the command.")
     error: str | None = Field(None, description="Why the attempt could not run (infra_error).")
+
+    # the headline numbers at the top level too, for `jq .exit_code` and friends
+    @computed_field(description="The command's exit status (same as exec.exit_code).")
+    @property
+    def exit_code(self) -> int | None:
+        return self.exec.exit_code if self.exec else None
+
+    @computed_field(description="Seconds the command ran (same as exec.wall_s).")
+    @property
+    def wall_s(self) -> float | None:
+        return self.exec.wall_s if self.exec else None
+
+    @computed_field(description="The wall-clock timeout fired (same as exec.timed_out).")
+    @property
+    def timed_out(self) -> bool:
+        return bool(self.exec and self.exec.timed_out)
 
 
 def classify(exec_result: ExecResult | None, counters: CounterDelta | None) -> str:
