@@ -160,3 +160,27 @@ def test_rows_committed_in_wal_mode_are_graded(docker_client, tmp_path):
     store = Store.open(db_url(tmp_path), create=False)
     a = [a for a in store.attempts(out["run_id"]) if a.verdict == "clean"][0]
     assert (Path(a.artifacts) / "state.db-wal").stat().st_size > 0  # the raw WAL is kept as evidence
+
+
+def test_concurrent_attempts_never_share_a_core(docker_client, tmp_path):
+    """With no core reserved, both cores take trials at once: two workers, exclusive cpusets."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "4", "--k", "1,2", "--reserve-cores", "0", "--max-reruns", "30",
+                "--db", db_url(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    store = Store.open(db_url(tmp_path), create=False)
+    run = store.get_run(out["run_id"])
+    assert run.concurrency == 2
+    atts = store.attempts(out["run_id"])
+    assert max(a.concurrent for a in atts) == 2, "two attempts ran at once"
+    by_core: dict[str, list] = {}
+    for a in atts:
+        by_core.setdefault(a.cpuset, []).append((a.started_at, a.finished_at))
+    assert len(by_core) == 2 and all(len(c.split(",")) == 1 for c in by_core)
+    for spans in by_core.values():
+        spans.sort()
+        for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+            assert s2 >= e1, "two attempts overlapped on one core"
+    assert all(t["n"] == 4 for t in out["tasks"])
