@@ -109,6 +109,9 @@ def sandbox_exec(
       harness sandbox exec --profile tight --cpuset 1 -- python3 -c "while True: pass"
 
       harness sandbox exec --json --timeout 2 -- sleep 1000
+
+    Exit status: the command's own (137 after an OOM kill), 124 on timeout, 3 when the
+    sandbox could not run (engine error), 2 on a usage error.
     """
     from harness.sandbox import EngineError, connect, run_command
     from harness.scheduler import CpuPool, SchedulerError, allowed_cpus
@@ -124,6 +127,13 @@ def sandbox_exec(
             die(f"--cpuset {cpuset}: cores {bad} do not exist here (available: {_fmt_cpus(allowed_cpus())})")
         if len(cpus) < prof.cpus:
             die(f"--cpuset {cpuset} has {len(cpus)} cores but profile {prof.name} asks for cpus = {prof.cpus}")
+        reserved = CpuPool.for_host().reserved
+        if set(cpus) & set(reserved):
+            err.print(
+                f"[yellow]warning:[/] --cpuset {cpuset} includes core(s) {sorted(set(cpus) & set(reserved))} reserved for the "
+                "controller and the engine; their work will show as foreign CPU",
+                highlight=False,
+            )
         try:
             CpuPool(cpus=allowed_cpus()).lock_exact(cpus)  # wait for any run holding these cores
         except SchedulerError as e:
@@ -156,6 +166,10 @@ def sandbox_exec(
         _print_attempt(res)
     if res.kind == "infra_error":
         raise typer.Exit(EXIT_INFRA)
+    if res.kind == "timeout":
+        raise typer.Exit(124)  # like timeout(1)
+    if res.exec is not None and res.exec.exit_code:
+        raise typer.Exit(res.exec.exit_code)  # the command's own status (137 after an OOM kill)
 
 
 def _parse_cpuset(s: str) -> list[int]:

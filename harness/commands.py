@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import time
 from typing import Any, Optional
 
@@ -141,6 +142,10 @@ def run(
                         highlight=False,
                     )
 
+        def _term(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt  # CI cancellation and `timeout` send SIGTERM: clean up as for Ctrl-C
+
+        signal.signal(signal.SIGTERM, _term)
         try:
             runner.execute(on_update=update)
         except KeyboardInterrupt:

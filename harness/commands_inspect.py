@@ -103,7 +103,7 @@ Examples:
 
   harness trials r20250101-120000-ab12 --verdict discarded
 
-  harness trials last --task append --outcome fail --sort=-throttled_share
+  harness trials last --task duplicate-charge --outcome fail --sort=-throttled_share
 
   harness trials last --csv > trials.csv
 

@@ -163,7 +163,8 @@ def gate(
     """Check a run against requirements; exit 0 if all hold, 1 if one fails.
 
     METRIC OP VALUE: METRIC is pass@K or pass^K (pass@1 = single-try rate),
-    OP one of >= > <= < ==, VALUE in [0, 1]; K must be a k fixed for the run.
+    OP one of >= > <= < ==, VALUE in [0, 1]; K may be any k up to the run's trials (the
+    requirement is written into CI before the run, so it is not chosen after).
     Suite figures average per-task estimates over tasks with at least K clean
     trials. Unmeasured slots are never counted; a metric that cannot be
     computed fails the gate. Usage errors (bad requirement, k not measured,
@@ -214,7 +215,9 @@ def gate(
         brow, battempts = _load(store, baseline)
         if brow.id == row.id:
             die(f"--baseline {baseline} is run {row.id} itself; pass an earlier run")
-        if brow.suite != row.suite or brow.suite_hash != row.suite_hash:
+        if brow.suite != row.suite:
+            die(f"--baseline {brow.id} ran suite {brow.suite}, run {row.id} ran suite {row.suite}; a baseline must be a run of the same suite")
+        if brow.suite_hash != row.suite_hash:
             notes.append(f"baseline {brow.id} ran suite {brow.suite} ({brow.suite_hash}), this run {row.suite} ({row.suite_hash}); tasks matched by id")
         btasks = task_summaries(brow, battempts)
         checks.append(

@@ -27,6 +27,7 @@ import docker.errors
 BASE_IMAGE = "harness/base:bookworm"
 SANDBOX_IMAGE = "harness/sandbox:latest"
 INPUTS_LABEL = "dev.harness.inputs"
+SUITE_LABEL = "dev.harness.suite"  # on a suite's image: which suite it was built from
 BASE_PACKAGES = ["python3", "tar"]
 BASE_RECIPE = f"mmdebstrap --variant=minbase --include={','.join(BASE_PACKAGES)} bookworm v1"
 
@@ -129,6 +130,7 @@ def build_dockerfile(
     dockerfile: str,
     base: str,
     force: bool = False,
+    labels: dict[str, str] | None = None,
 ) -> BuildResult:
     """Build ``tag`` from a Dockerfile with ``--build-arg BASE=base``, skipping when the
     inputs (context files, Dockerfile, base image id) are unchanged."""
@@ -148,7 +150,7 @@ def build_dockerfile(
             dockerfile=dockerfile,
             tag=tag,
             buildargs={"BASE": base},
-            labels={INPUTS_LABEL: inputs},
+            labels={INPUTS_LABEL: inputs, **(labels or {})},
             rm=True,
             forcerm=True,
             pull=False,
@@ -182,5 +184,5 @@ def build_all(
         s = load_suite(name)
         if not s.dockerfile:
             continue
-        results.append(build_dockerfile(client, s.image, s.root, s.dockerfile, SANDBOX_IMAGE, force))
+        results.append(build_dockerfile(client, s.image, s.root, s.dockerfile, SANDBOX_IMAGE, force, labels={SUITE_LABEL: s.name}))
     return results

@@ -34,7 +34,7 @@ import harness
 from harness import hoststats
 from harness.counters import CounterDelta, HostDelta
 from harness.grader import build_state, grade
-from harness.profile import Profile, load_profile
+from harness.profile import Profile, ProfileError, load_profile
 from harness.sandbox import (
     INPUT_DIR,
     LABEL_ATTEMPT,
@@ -132,6 +132,28 @@ def image_identity(client: docker.DockerClient, image: str) -> tuple[str, str]:
     return img.id, (digests[0] if digests else img.id)
 
 
+def stale_image_reason(client: docker.DockerClient, suite: Suite) -> str | None:
+    """Why the suite's image no longer matches the suite's files (None when it does, or when
+    the image was not built by harness and carries no inputs label)."""
+    from harness.images import INPUTS_LABEL, SANDBOX_IMAGE, SUITE_LABEL, hash_tree
+
+    try:
+        labels = client.images.get(suite.image).labels or {}
+        base_id = client.images.get(SANDBOX_IMAGE).id
+    except docker.errors.ImageNotFound:
+        return None
+    built = labels.get(INPUTS_LABEL)
+    if not built or labels.get(SUITE_LABEL) != suite.name or not suite.dockerfile_path.is_file():
+        return None  # not built by harness from this suite: nothing to compare
+    now = hash_tree(suite.root, extra=f"{suite.dockerfile}|{SANDBOX_IMAGE}|{base_id}")
+    if now == built:
+        return None
+    return (
+        f"image {suite.image} was built from other files than suite {suite.name} has now ({built} != {now}); "
+        f"rebuild it with `harness images build --suite {suite.root}` so the run measures what the suite says"
+    )
+
+
 def identity_hash(run: RunRow) -> str:
     """What makes two runs comparable: suite content, image, envelope, harness, cgroup version."""
     key = json.dumps(
@@ -167,7 +189,12 @@ class Runner:
         """Validate everything (suite, profile, envelope vs cores, image present) before the
         store is opened, so bad input writes nothing; then open the store and build the run."""
         suite = load_suite(opts.suite)
-        profile = opts.profile_obj or load_profile(opts.profile or suite.profile)
+        try:
+            profile = opts.profile_obj or load_profile(opts.profile or suite.profile)
+        except ProfileError as e:
+            if opts.profile_obj or opts.profile:
+                raise
+            raise ProfileError(f"{suite.root / 'suite.toml'}: profile: {e}") from None
         trials = opts.trials if opts.trials is not None else suite.trials
         if trials < 1:
             raise RunError(f"--trials must be at least 1 (got {trials})")
@@ -190,7 +217,7 @@ class Runner:
             unknown = [t for t in opts.tasks if t not in by_id]
             if unknown:
                 raise RunError(f"suite {suite.name} has no task {', '.join(unknown)}; see `harness suites {suite.name}`")
-            tasks = [by_id[t] for t in opts.tasks]
+            tasks = [by_id[t] for t in dict.fromkeys(opts.tasks)]  # a repeated id runs once
         else:
             tasks = list(suite.tasks)
         pool = CpuPool.for_host(reserve=opts.reserve_cores)
@@ -201,6 +228,10 @@ class Runner:
         client = client or connect()
         image = opts.agent_image or suite.image
         image_id, digest = image_identity(client, image)
+        if not opts.agent_image:
+            stale = stale_image_reason(client, suite)
+            if stale:
+                raise RunError(stale)
         facts = hoststats.host_facts()
         store = store or Store.open(db)
         run_id = new_run_id()
@@ -459,6 +490,10 @@ class Runner:
         if self._interrupted.is_set() and row.verdict == "discarded":
             # the controller was stopped under this attempt: evidence, but not the slot's fault
             row.reasons = ["interrupted"]
+            row.rules = [
+                {"rule": "interrupted", "scope": "host", "value": None, "threshold": None, "breached": True,
+                 "detail": "the controller was stopped (Ctrl-C / SIGTERM) during this attempt; not scored, not charged to the rerun budget"}
+            ]
             st.budget_used -= 1
         elif row.verdict == "discarded" and st.budget_used > self.run.max_reruns:
             envelope_only = row.reasons and all(r in ("cpu_throttled", "memory_pressure") for r in row.reasons)
@@ -588,6 +623,15 @@ def run_attempt(
         if exec_res.exit_code is None and not exec_res.timed_out:
             infra = f"agent exec failed: {exec_res.stderr.strip()[-300:]}"
             return row, samples
+        if exec_res.exit_code in (126, 127) and not exec_res.timed_out and exec_res.wall_s < 2:
+            out = (exec_res.stdout + exec_res.stderr).strip()
+            if not out or "not found" in out or "permission denied" in out.lower() or "exec failed" in out:
+                # a wrong agent command is a setup problem, never an agent that scored 0
+                infra = (
+                    f"the agent command {list(run.agent_cmd)!r} could not be started (exit {exec_res.exit_code}): {out[-200:]}; "
+                    "check --agent-cmd or agent_cmd in suite.toml"
+                ).strip()
+                return row, samples
         if not sb.alive():
             # removed or killed outside the harness (an engine restart, `docker rm`, Ctrl-C):
             # the exit status means nothing, so the attempt cannot be graded

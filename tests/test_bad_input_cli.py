@@ -142,3 +142,29 @@ def test_reading_a_store_that_does_not_exist(tmp_path):
 def test_resume_with_identity_options_is_refused(tmp_path):
     r = harness(tmp_path, "run", "--resume", "last", "--trials", "3", "--db", db(tmp_path))
     assert_usage_error(r, tmp_path, "--resume keeps the run's identity", "--trials")
+
+
+def test_image_built_from_older_suite_files_is_refused(tmp_path, docker_client):
+    d = copy_probe(tmp_path)
+    f = d / "suite.toml"
+    f.write_text(f.read_text().replace('image = "harness/sandbox:latest"', 'image = "harness/test-stale-probe:latest"'))
+    b = harness(tmp_path, "images", "build", "--suite", str(d))
+    assert b.returncode == 0, b.stderr
+    try:
+        ok = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
+        assert ok.returncode == 0, ok.stderr
+        (tmp_path / "h.db").unlink()
+        shutil.rmtree(tmp_path / "home", ignore_errors=True)
+        (d / "schema.sql").write_text((d / "schema.sql").read_text() + "\n-- edited after the image was built\n")
+        r = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
+        assert_usage_error(r, tmp_path, "harness/test-stale-probe:latest", "harness images build --suite")
+    finally:
+        docker_client.images.remove("harness/test-stale-probe:latest", force=True)
+
+
+def test_repeated_task_ids_run_once(tmp_path, docker_client):
+    import json
+
+    r = harness(tmp_path, "run", "--suite", str(PROBE), "--tasks", "append,append", "--trials", "1", "--k", "1", "--db", db(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    assert [t["task"] for t in json.loads(r.stdout)["tasks"]] == ["append"]
