@@ -277,6 +277,14 @@ def compare(
     store = open_store(db, create=False)
     a, att_a = _load(store, run_a)
     b, att_b = _load(store, run_b)
+    if a.id == b.id:
+        die(f"run {a.id} compared with itself; pass two different runs")
+    if a.trials != b.trials:
+        err.print(
+            f"[yellow]warning:[/] runs have {a.trials} and {b.trials} trials per task; per-task rates are comparable, "
+            "pass^k intervals are not equally tight",
+            highlight=False,
+        )
     blocking, _ = identity_differences(a, b)
     if blocking and not allow_mismatch:
         die(escape(f"runs {a.id} and {b.id} are not comparable: " + "; ".join(blocking) + " -- pass --allow-mismatch to compare anyway"))

@@ -82,7 +82,8 @@ def test_kill_9_then_resume_fills_every_slot_exactly_once(docker_client, tmp_pat
     assert not run_containers(docker_client, run_id)
 
 
-def test_ctrl_c_removes_containers_fast_and_run_is_resumable(docker_client, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_removes_containers_fast_and_run_is_resumable(docker_client, tmp_path, sig):
     db = tmp_path / "h.db"
     p = start(tmp_path, "run", "--suite", PROBE, "--trials", "6", "--max-reruns", "20", "--db", f"sqlite:///{db}")
     run_id = wait_attempts(db, 2)
@@ -91,7 +92,7 @@ def test_ctrl_c_removes_containers_fast_and_run_is_resumable(docker_client, tmp_
     while not run_containers(docker_client, run_id) and time.monotonic() < deadline:
         time.sleep(0.05)
     t0 = time.monotonic()
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     p.wait(timeout=30)
     assert time.monotonic() - t0 < 10
     assert p.returncode != 0
