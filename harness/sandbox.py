@@ -91,7 +91,7 @@ class ExecResult(BaseModel):
     cmd: list[str] = Field(..., description="The command as executed.")
     exit_code: int | None = Field(None, description="Exit status; None if it could not be read (engine error).")
     timed_out: bool = Field(False, description="The wall-clock timeout fired and the process tree was killed.")
-    wall_s: float = Field(..., ge=0, description="Seconds from exec start to exit (or kill).")
+    wall_s: float = Field(..., ge=0, description="Seconds from exec start to exit, or on a timeout until the killed tree's output closed.")
     stdout: str = Field("", description="Captured stdout (up to the profile's output_cap; truncation is marked).")
     stderr: str = Field("", description="Captured stderr (same cap).")
     stdout_bytes: int = Field(0, ge=0, description="Total bytes the command wrote to stdout, kept or not.")
@@ -601,7 +601,7 @@ class Sandbox:
             cmd=cmd,
             exit_code=exit_code,
             timed_out=timed_out,
-            wall_s=round(min(wall, timeout) if timed_out else wall, 4),
+            wall_s=round(wall, 4),  # on a timeout: until the tree was killed, so slow kills show
             stdout=out,
             stderr=err,
             stdout_bytes=counts["out"],

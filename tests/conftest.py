@@ -10,9 +10,11 @@ import pytest
 REQUIRE_DOCKER = bool(os.environ.get("CI") or os.environ.get("HARNESS_REQUIRE_DOCKER"))
 
 
-def _no_docker(reason: str) -> None:
+def missing(reason: str) -> None:
+    """A prerequisite of a test is absent: a failure under CI/HARNESS_REQUIRE_DOCKER (where
+    `make test` installs everything), a skip on a developer's machine."""
     if REQUIRE_DOCKER:
-        pytest.fail(f"{reason} (CI/HARNESS_REQUIRE_DOCKER is set, so this is a failure; run `make engine images`)")
+        pytest.fail(f"{reason} (CI/HARNESS_REQUIRE_DOCKER is set, so this is a failure; `make test` sets up the engine, images, chromium and postgresql)")
     pytest.skip(reason)
 
 
@@ -25,9 +27,9 @@ def docker_client():
     try:
         client = connect(timeout=120)
     except EngineError as e:
-        _no_docker(str(e))
+        missing(str(e))
     if not image_present(client, SANDBOX_IMAGE):
-        _no_docker(f"image {SANDBOX_IMAGE} missing; run `make images`")
+        missing(f"image {SANDBOX_IMAGE} missing; run `make images`")
     return client
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import missing
+
 from harness.cgroup import (
     CgroupError,
     CgroupMount,
@@ -564,20 +566,12 @@ def test_live_snapshot_is_cheap():
     assert per_read < 0.005, f"one read_snapshot took {per_read * 1e6:.0f} µs"
 
 
-def _docker_ok() -> bool:
-    try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 @pytest.mark.docker
-def test_live_docker_container_limits_read_back():
-    if not _docker_ok():
-        pytest.skip("docker engine not reachable")
-    images = subprocess.run(["docker", "images", "-q", "harness/base:bookworm"], capture_output=True, text=True)
-    if not images.stdout.strip():
-        pytest.skip("image harness/base:bookworm not built")
+def test_live_docker_container_limits_read_back(docker_client):
+    from harness.sandbox import image_present
+
+    if not image_present(docker_client, "harness/base:bookworm"):
+        missing("image harness/base:bookworm not built; run `make images`")
     cpus = os.sched_getaffinity(0)
     cpu = max(cpus)
     run = subprocess.run(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REQUIRE_DOCKER
+from tests.conftest import missing
 
 pytestmark = pytest.mark.docker
 
@@ -29,9 +29,7 @@ FLAGS = [
 def chromium() -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if not exe:
-        if REQUIRE_DOCKER:
-            pytest.fail("chromium is missing; `make test` installs it (apt-get install chromium)")
-        pytest.skip("chromium not installed")
+        missing("chromium is missing; `make test` installs it (apt-get install chromium)")
     return exe
 
 

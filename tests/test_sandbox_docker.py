@@ -99,9 +99,11 @@ def test_fork_bomb_stops_at_the_pids_limit(docker_client, trial_cpu):
 def test_timeout_kills_the_tree_and_leaves_no_container(docker_client, trial_cpu):
     t0 = time.monotonic()
     r = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["sleep", "1000"], timeout=2)
+    elapsed = time.monotonic() - t0
     assert r.exec.timed_out and r.kind == "timeout"
-    assert 1.9 <= r.exec.wall_s <= 2.5
-    assert time.monotonic() - t0 < 10
+    # the recorded wall time runs to the kill: not before the timeout, and the kill is quick
+    assert 2.0 <= r.exec.wall_s <= 3.0, r.exec.wall_s
+    assert r.exec.wall_s <= elapsed < 10
     assert not leftovers(docker_client)
 
 

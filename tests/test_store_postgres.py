@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REQUIRE_DOCKER
+from tests.conftest import missing
 
 pytestmark = pytest.mark.docker
 
@@ -34,17 +34,13 @@ def pg_url():
     """Start a throwaway cluster on a unix socket (no TCP port), owned by the postgres user."""
     bindir = _pg_bin()
     if bindir is None or shutil.which("runuser") is None:
-        if REQUIRE_DOCKER:
-            pytest.fail("PostgreSQL server binaries missing; `make test` installs Debian's postgresql")
-        pytest.skip("PostgreSQL not installed")
+        missing("PostgreSQL server binaries missing; `make test` installs Debian's postgresql")
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        if REQUIRE_DOCKER:
-            pytest.fail("psycopg missing: pip install -e '.[test]'")
-        pytest.skip("psycopg not installed")
+        missing("psycopg missing: pip install -e '.[test]'")
     if os.geteuid() != 0:
-        pytest.skip("starting a private cluster as the postgres user needs root")
+        missing("starting a private cluster as the postgres user needs root (`make test` runs as root)")
     # pytest's own tmp dirs are private to root; the cluster lives in a dir postgres can reach
     root = Path(tempfile.mkdtemp(prefix="harness-pg-"))
     os.chmod(root, 0o755)
