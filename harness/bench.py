@@ -54,13 +54,8 @@ def _bare_run(client, prof, cpuset) -> None:
 
 
 def bench_overhead(client, rounds: int) -> dict:
-    prof = load_profile("standard")
-    pool = CpuPool.for_host()
-    cpuset = pool.lease(1)
-    try:
-        return _overhead(client, prof, cpuset, rounds)
-    finally:
-        pool.release(cpuset)
+    with CpuPool.for_host().leased(1) as cpuset:
+        return _overhead(client, load_profile("standard"), cpuset, rounds)
 
 
 def _overhead(client, prof, cpuset, rounds: int) -> dict:
@@ -69,8 +64,7 @@ def _overhead(client, prof, cpuset, rounds: int) -> dict:
     _bare_run(client, prof, cpuset)
     run_command(client, SANDBOX_IMAGE, prof, cpuset, ["true"])
     for i in range(rounds):
-        order = [("bare", _bare_run), ("harness", None)] if i % 2 == 0 else [("harness", None), ("bare", _bare_run)]
-        for name, fn in order:
+        for name in ("bare", "harness") if i % 2 == 0 else ("harness", "bare"):
             t0 = time.perf_counter()
             if name == "bare":
                 _bare_run(client, prof, cpuset)
@@ -91,13 +85,8 @@ def _overhead(client, prof, cpuset, rounds: int) -> dict:
 
 
 def bench_sampling(client, seconds: float = 5.0, hz: float = 5.0) -> dict:
-    prof = load_profile("standard")
-    pool = CpuPool.for_host()
-    cpuset = pool.lease(1)
-    try:
-        return _sampling(client, prof, cpuset, seconds, hz)
-    finally:
-        pool.release(cpuset)
+    with CpuPool.for_host().leased(1) as cpuset:
+        return _sampling(client, load_profile("standard"), cpuset, seconds, hz)
 
 
 def _sampling(client, prof, cpuset, seconds: float, hz: float) -> dict:

@@ -94,7 +94,6 @@ def run(
         ks=_parse_ks(k) if k else None,
     )
     try:
-        store_ = None
         if resume is not None:
             runner = Runner.resume(resume, db=db, concurrency=concurrency, reserve_cores=reserve_cores)
         else:
@@ -103,7 +102,6 @@ def run(
         die(str(e), EXIT_USAGE)
     except EngineError as e:
         die(str(e), EXIT_INFRA)
-    store_ = runner.store
     r = runner.run
     if not json_out:
         err.print(
@@ -156,7 +154,7 @@ def run(
         except RunError as e:
             die(str(e), EXIT_USAGE)
     wall = time.monotonic() - t0
-    summary = summarize(store_.get_run(r.id), store_.attempts(r.id))
+    summary = summarize(runner.store.get_run(r.id), runner.store.attempts(r.id))
     summary["wall_s"] = round(wall, 1)
     if json_out:
         print(json.dumps(summary, indent=2))

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -84,8 +85,6 @@ class BuildResult:
 
 def build_base(client: docker.DockerClient, tag: str = BASE_IMAGE, force: bool = False, log: Callable[[str], None] = print) -> BuildResult:
     """Build the base image with mmdebstrap from apt's configured sources and import it."""
-    import time
-
     inputs = hashlib.sha256(f"{BASE_RECIPE}|{apt_sources_digest()}".encode()).hexdigest()[:16]
     if not force and image_inputs(client, tag) == inputs:
         return BuildResult(tag, False, inputs)
@@ -134,8 +133,6 @@ def build_dockerfile(
 ) -> BuildResult:
     """Build ``tag`` from a Dockerfile with ``--build-arg BASE=base``, skipping when the
     inputs (context files, Dockerfile, base image id) are unchanged."""
-    import time
-
     try:
         base_id = client.images.get(base).id
     except docker.errors.ImageNotFound:

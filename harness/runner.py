@@ -132,6 +132,11 @@ def image_identity(client: docker.DockerClient, image: str) -> tuple[str, str]:
     return img.id, (digests[0] if digests else img.id)
 
 
+def _max_cores(profile: Profile, tasks: list[Task]) -> int:
+    """The largest cpuset any task's effective envelope needs (validating each override)."""
+    return max(profile.with_override(t.envelope).cores for t in tasks)
+
+
 def stale_image_reason(client: docker.DockerClient, suite: Suite) -> str | None:
     """Why the suite's image no longer matches the suite's files (None when it does, or when
     the image was not built by harness and carries no inputs label)."""
@@ -221,13 +226,11 @@ class Runner:
         else:
             tasks = list(suite.tasks)
         pool = CpuPool.for_host(reserve=opts.reserve_cores)
-        for t in tasks:  # validate every task's envelope before anything is written
-            eff = profile.with_override(t.envelope)
-            pool.concurrency(eff.cores, None)
-        concurrency = pool.concurrency(max(profile.with_override(t.envelope).cores for t in tasks), opts.concurrency)
+        # every task's envelope is validated (and must fit) before anything is written
+        concurrency = pool.concurrency(_max_cores(profile, tasks), opts.concurrency)
         client = client or connect()
         image = opts.agent_image or suite.image
-        image_id, digest = image_identity(client, image)
+        _, digest = image_identity(client, image)
         if not opts.agent_image:
             stale = stale_image_reason(client, suite)
             if stale:
@@ -292,13 +295,10 @@ class Runner:
         tasks = [by_id[t] for t in run.task_ids]
         pool = CpuPool.for_host(reserve=reserve_cores)
         client = client or connect()
-        image_id, digest = image_identity(client, run.image)
+        _, digest = image_identity(client, run.image)
         if digest != run.image_digest:
             raise RunError(f"run {run.id}: image {run.image} changed since the run started ({digest[:19]} != {run.image_digest[:19]}); start a new run")
-        if concurrency is not None:
-            run_conc = pool.concurrency(max(profile.with_override(t.envelope).cores for t in tasks), concurrency)
-        else:
-            run_conc = pool.concurrency(max(profile.with_override(t.envelope).cores for t in tasks), run.concurrency)
+        run_conc = pool.concurrency(_max_cores(profile, tasks), concurrency if concurrency is not None else run.concurrency)
         facts = hoststats.host_facts()
         now = {"harness_version": harness.__version__, "cgroup_version": str(facts.get("cgroup_version", ""))}
         differs = [f"{k} {getattr(run, k)} -> {v}" for k, v in now.items() if str(getattr(run, k)) != v]

@@ -15,8 +15,10 @@ import fcntl
 import os
 import tempfile
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 
 def lock_dir() -> Path:
@@ -112,6 +114,15 @@ class CpuPool:
                 self.release(got)  # roll back the in-process lease and any locks taken
                 raise
         return got
+
+    @contextmanager
+    def leased(self, cores: int) -> Iterator[list[int]]:
+        """``with pool.leased(1) as cpuset:`` — a lease given back however the block ends."""
+        got = self.lease(cores)
+        try:
+            yield got
+        finally:
+            self.release(got)
 
     def _lock_cores(self, cores: list[int]) -> None:
         # ascending order on every process: no lock-order deadlock between controllers.

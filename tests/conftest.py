@@ -39,7 +39,5 @@ def trial_cpu():
     shares its core with another harness controller on this machine."""
     from harness.scheduler import CpuPool
 
-    pool = CpuPool.for_host()
-    got = pool.lease(1)
-    yield got
-    pool.release(got)
+    with CpuPool.for_host().leased(1) as got:
+        yield got
