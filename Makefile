@@ -12,7 +12,7 @@ K ?=
 REQUIRE ?= pass^4>=0.9
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv engine engine-stop images browser compose postgres demo test test-fast bench schemas eval gate clean
+.PHONY: help setup venv engine engine-stop images browser compose postgres demo test test-fast lint bench schemas eval gate clean
 
 help:
 	@echo "make demo      set up (venv, engine, images) and run the refunds suite"
@@ -63,17 +63,22 @@ setup: images
 demo: setup
 	$(HARNESS) run --suite refunds
 
-test: setup browser postgres
+test: setup browser postgres lint
 	HARNESS_REQUIRE_DOCKER=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-fast: venv
+test-fast: venv lint
 	$(PY) -m pytest -q -m "not docker" $(PYTEST_ARGS)
 
+# the architecture (pyproject.toml [tool.importlinter]): layers, and who may import docker,
+# sqlalchemy and the CLI libraries
+lint: venv
+	@$(VENV)/bin/lint-imports --no-cache
+
 bench: setup compose
-	$(PY) -m harness.bench
+	$(PY) -m harness.cli.bench
 
 schemas: venv
-	$(PY) -m harness.schemas
+	$(PY) -m harness.model.schemas
 
 RUN_ARGS = --suite $(SUITE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(TRIALS),--trials $(TRIALS)) $(if $(K),--k $(K))
 

@@ -21,8 +21,9 @@ def missing(reason: str) -> None:
 @pytest.fixture(scope="session")
 def docker_client():
     """A connected Docker SDK client with the harness images present."""
-    from harness.images import SANDBOX_IMAGE
-    from harness.sandbox import EngineError, connect, image_present
+    from harness.sandbox.images import SANDBOX_IMAGE
+    from harness.model.errors import EngineError
+    from harness.sandbox.docker_sandbox import connect, image_present
 
     try:
         client = connect(timeout=120)
@@ -37,7 +38,7 @@ def docker_client():
 def trial_cpu():
     """A core for a pinned test container, leased like a run's (flock), so a test never
     shares its core with another harness controller on this machine."""
-    from harness.scheduler import CpuPool
+    from harness.engine.scheduler import CpuPool
 
     with CpuPool.for_host().leased(1) as got:
         yield got

@@ -124,7 +124,7 @@ def test_missing_image_hints_make_images(tmp_path, docker_client):
 
 @pytest.mark.parametrize("cmd", [["report", "r-nope"], ["trials", "r-nope"], ["gate", "r-nope", "--require", "pass@1>=0.5"], ["show", "99999"], ["samples", "r-nope"]])
 def test_unknown_run_or_attempt_ids(tmp_path, cmd):
-    from harness.store import Store
+    from harness.store.store import Store
 
     Store.open(db(tmp_path))  # an empty store exists
     r = harness(tmp_path, *cmd, "--db", db(tmp_path))
@@ -155,7 +155,17 @@ def test_image_built_from_older_suite_files_is_refused(tmp_path, docker_client):
         assert ok.returncode == 0, ok.stderr
         (tmp_path / "h.db").unlink()
         shutil.rmtree(tmp_path / "home", ignore_errors=True)
+        # tasks and fixtures reach a trial at run time, not through the image: editing them
+        # never makes the image stale (it used to)
         (d / "schema.sql").write_text((d / "schema.sql").read_text() + "\n-- edited after the image was built\n")
+        t = d / "tasks" / "append.toml"
+        t.write_text(t.read_text().replace('title = "', 'title = "edited: '))
+        ok = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
+        assert ok.returncode == 0, ok.stderr
+        (tmp_path / "h.db").unlink()
+        shutil.rmtree(tmp_path / "home", ignore_errors=True)
+        # a file the image is built from does make it stale
+        (d / "Dockerfile").write_text((d / "Dockerfile").read_text() + "\n# edited after the image was built\n")
         r = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
         assert_usage_error(r, tmp_path, "harness/test-stale-probe:latest", "harness images build --suite")
     finally:

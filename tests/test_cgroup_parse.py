@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import missing
 
-from harness.cgroup import (
+from harness.measure.cgroup import (
     CgroupError,
     CgroupMount,
     CgroupPaths,
@@ -36,7 +36,7 @@ from harness.cgroup import (
     read_limits,
     read_snapshot,
 )
-from harness.counters import PSI, CgroupLimits, CgroupSnapshot, CounterDelta
+from harness.model.counters import PSI, CgroupLimits, CgroupSnapshot, CounterDelta
 
 FX = Path(__file__).parent / "fixtures" / "cgroup"
 PID = 4242
@@ -568,7 +568,7 @@ def test_live_snapshot_is_cheap():
 
 @pytest.mark.docker
 def test_live_docker_container_limits_read_back(docker_client):
-    from harness.sandbox import image_present
+    from harness.sandbox.docker_sandbox import image_present
 
     if not image_present(docker_client, "harness/base:bookworm"):
         missing("image harness/base:bookworm not built; run `make images`")

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import estimator as est
-from harness.estimator import (
+from harness.core import estimator as est
+from harness.core.estimator import (
     TaskOutcomes,
     buckets,
     clopper_pearson_interval,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.sandbox import LABEL, LABEL_RUN
-from harness.store import Store
+from harness.sandbox.owners import LABEL, LABEL_RUN
+from harness.store.store import Store
 
 pytestmark = pytest.mark.docker
 
@@ -76,7 +76,7 @@ def test_kill_9_then_resume_fills_every_slot_exactly_once(docker_client, tmp_pat
     out = json.loads(r.stdout)
     assert out["run_id"] == run_id
     assert all(t["n"] == 5 for t in out["tasks"])
-    store = Store.open(f"sqlite:///{db}", create=False)
+    store = Store.open(f"sqlite:///{db}", mode="ro")
     assert_each_slot_once(store, run_id, tasks=2, trials=5)
     assert store.get_run(run_id).status == "complete"
     assert not run_containers(docker_client, run_id)
@@ -97,7 +97,7 @@ def test_ctrl_c_removes_containers_fast_and_run_is_resumable(docker_client, tmp_
     assert time.monotonic() - t0 < 10
     assert p.returncode != 0
     assert not run_containers(docker_client, run_id)
-    store = Store.open(f"sqlite:///{db}", create=False)
+    store = Store.open(f"sqlite:///{db}", mode="ro")
     assert store.get_run(run_id).status == "interrupted"
     r = run_cli(tmp_path, "run", "--resume", run_id, "--db", f"sqlite:///{db}", "--json")
     assert r.returncode == 0, r.stderr
@@ -176,7 +176,7 @@ def test_engine_restart_mid_run_is_infra_error_and_the_run_completes(docker_clie
     assert p.returncode == 0, errs
     doc = json.loads(out)
     assert all(t["n"] == 4 for t in doc["tasks"])
-    store = Store.open(f"sqlite:///{db}", create=False)
+    store = Store.open(f"sqlite:///{db}", mode="ro")
     assert_each_slot_once(store, run_id, tasks=2, trials=4)
     infra = [a for a in store.attempts(run_id) if "infra_error" in (a.reasons or [])]
     assert infra, "the attempt cut by the restart is kept as a discarded infra_error"
@@ -199,7 +199,7 @@ def test_container_removed_from_outside_is_infra_error_not_a_crash(docker_client
     out, errs = p.communicate(timeout=120)
     assert p.returncode == 0, errs
     run_id = json.loads(out)["run_id"]
-    atts = Store.open(f"sqlite:///{db}", create=False).attempts(run_id)
+    atts = Store.open(f"sqlite:///{db}", mode="ro").attempts(run_id)
     first = atts[0]
     assert first.verdict == "discarded" and first.reasons == ["infra_error"], (first.verdict, first.reasons, first.error)
     assert "container died" in first.error

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import harness.commands  # noqa: F401  (registers run/runs)
-import harness.commands_report  # noqa: F401  (registers report/gate/compare)
 from harness.cli import app
-from harness.report import parse_per_task, parse_requirement
-from harness.store import AttemptRow, RunRow, Store
+from harness.report.gate import parse_per_task, parse_requirement
+from harness.model.attempt import AttemptRecord
+from harness.model.run import RunRecord
+from harness.store.store import Store
 
 OUTCOME = {"✓": ("pass", None), "✗": ("fail", "wrong_state"), "C": ("fail", "crashed"), "T": ("fail", "timeout")}
 WORKED = {"t1": "✓✓✓✓✓", "t2": "✓✓✓✓✗", "t3": "✓✗✓✗✓", "t4": "✗✗✓✗✗"}
@@ -35,17 +35,17 @@ def add_run(store: Store, run_id: str, tasks: dict[str, str], *, ks=(1, 2, 5), m
         trials=max(len(m) for m in tasks.values()), ks=list(ks), max_reruns=1, task_ids=list(tasks),
     )
     fields.update(overrides)
-    store.add_run(RunRow(**fields))
+    store.add_run(RunRecord(**fields))
     for task, marks in tasks.items():
         for slot, m in enumerate(marks):
             if m == "·":
                 for no in (1, 2):
-                    store.add_attempt(AttemptRow(run_id=run_id, task_id=task, slot=slot, attempt_no=no, seed=slot,
-                                                 verdict="discarded", reasons=["host_steal"]), [])
+                    store.add_attempt(AttemptRecord(run_id=run_id, task_id=task, slot=slot, attempt_no=no, seed=slot,
+                                                 verdict="discarded", reasons=["host_steal"]))
                 continue
             outcome, kind = OUTCOME[m]
-            store.add_attempt(AttemptRow(run_id=run_id, task_id=task, slot=slot, attempt_no=1, seed=slot,
-                                         verdict="clean", outcome=outcome, failure_kind=kind), [])
+            store.add_attempt(AttemptRecord(run_id=run_id, task_id=task, slot=slot, attempt_no=1, seed=slot,
+                                         verdict="clean", outcome=outcome, failure_kind=kind))
 
 
 @pytest.fixture()

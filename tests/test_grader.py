@@ -1,23 +1,22 @@
-"""The grader: expectations, unchanged tables, extra effects, and hostile final states."""
+"""The SQLite grader program (runs inside the sandbox): expectations, unchanged tables,
+extra effects, the capped diff, and states it cannot read. Here it runs in-process on files
+the tests make, and once as the standard-library-only program it is in the sandbox."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from harness.grader import (
-    NOT_READABLE,
-    State,
-    StateError,
-    build_state,
-    diff_states,
-    grade,
-    snapshot_state,
-)
-from harness.suite import Expectation, Task, load_suite
+from harness.engine.suites import load_suite
+from harness.model.grade import MAX_VERDICT_BYTES, Verdict
+from harness.model.suite import Expectation, Task
+from harness.state import sqlite_grade as g
+from harness.state.expectations import grade_spec
 
 TINY = Path(__file__).parent / "fixtures" / "suites" / "tiny"
 
@@ -27,14 +26,25 @@ def tiny():
     return load_suite(TINY)
 
 
+def build(sql: str, path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    conn.executescript(sql)
+    conn.commit()
+    conn.close()
+    return path
+
+
+def verdict(task: Task, fixture_sql: str, final: Path | None) -> Verdict:
+    raw = g.grade(grade_spec(task), fixture_sql, None if final is None else str(final))
+    return Verdict.model_validate_json(g.fit(raw))
+
+
 @pytest.fixture
 def refund_one(tiny, tmp_path):
-    """(task, fixture db, a copy to play the agent on)."""
+    """(task, fixture sql, a final state to play the agent on)."""
     task = tiny.task("refund-one")
-    fixture = build_state(tiny.fixture_sql(task), tmp_path / "fixture.db")
-    final = tmp_path / "final.db"
-    final.write_bytes(fixture.read_bytes())
-    return task, fixture, final
+    sql = tiny.fixture_sql(task)
+    return task, sql, build(sql, tmp_path / "state.db")
 
 
 def run_sql(db: Path, sql: str) -> None:
@@ -48,213 +58,264 @@ SOLVE = "INSERT INTO refunds VALUES (1, 1004, 2000); INSERT INTO emails VALUES (
 
 
 def test_correct_final_state_passes(refund_one):
-    task, fixture, final = refund_one
+    task, sql, final = refund_one
     run_sql(final, SOLVE)
-    g = grade(task, fixture, final)
-    assert g.passed, g.reason
-    assert g.reason is None
-    assert [c.name for c in g.checks] == ["refunds", "emails", "unchanged: orders", "no extra effects"]
-    assert all(c.passed for c in g.checks)
+    v = verdict(task, sql, final)
+    assert v.status == "graded" and v.passed, v.reason
+    assert v.reason is None
+    assert [c.name for c in v.checks] == ["refunds", "emails", "unchanged: orders", "no extra effects"]
+    assert all(c.passed for c in v.checks)
 
 
 def test_doing_nothing_fails_on_the_first_expectation(refund_one):
-    task, fixture, final = refund_one
-    g = grade(task, fixture, final)
-    assert not g.passed
-    assert g.reason == "refunds: expected 1 row, found 0"
-    assert g.diff is not None and g.diff.empty
+    task, sql, final = refund_one
+    v = verdict(task, sql, final)
+    assert v.status == "graded" and not v.passed
+    assert v.reason == "refunds: expected 1 row, found 0"
+    assert v.diff is not None and v.diff.empty
 
 
 def test_double_refund_reports_row_counts(refund_one):
-    task, fixture, final = refund_one
+    task, sql, final = refund_one
     run_sql(final, SOLVE + "INSERT INTO refunds VALUES (2, 1004, 2000);")
-    g = grade(task, fixture, final)
-    assert g.reason == "refunds: expected 1 row, found 2: (1004, 2000), (1004, 2000)"
+    assert verdict(task, sql, final).reason == "refunds: expected 1 row, found 2: (1004, 2000), (1004, 2000)"
 
 
 def test_wrong_value_names_expected_and_found_row(refund_one):
-    task, fixture, final = refund_one
+    task, sql, final = refund_one
     run_sql(final, SOLVE.replace("1004, 2000", "1004, 2500"))
-    g = grade(task, fixture, final)
-    assert g.reason == "refunds: expected (1004, 2000), found (1004, 2500)"
+    assert verdict(task, sql, final).reason == "refunds: expected (1004, 2000), found (1004, 2500)"
 
 
 def test_table_rows_compare_named_columns(refund_one):
-    task, fixture, final = refund_one
+    task, sql, final = refund_one
     run_sql(final, "INSERT INTO refunds VALUES (1, 1004, 2000); INSERT INTO emails VALUES (2, 'ann@example.com', 'x');")
-    g = grade(task, fixture, final)
-    assert g.reason == "emails: expected ('ben@example.com'), found ('ann@example.com')"
+    assert verdict(task, sql, final).reason == "emails: expected ('ben@example.com'), found ('ann@example.com')"
 
 
 def test_unchanged_table_change_is_described(refund_one):
-    task, fixture, final = refund_one
+    task, sql, final = refund_one
     run_sql(final, SOLVE + "UPDATE orders SET status = 'cancelled' WHERE id = 1003;")
-    g = grade(task, fixture, final)
-    assert not g.passed
-    assert g.reason == "orders changed but must be unchanged: order 1003 status 'shipped' -> 'cancelled'"
-    td = g.diff.table("orders")
+    v = verdict(task, sql, final)
+    assert not v.passed
+    assert v.reason == "orders changed but must be unchanged: order 1003 status 'shipped' -> 'cancelled'"
+    td = v.diff.table("orders")
     assert td.changed[0].key == {"id": 1003}
     assert td.changed[0].columns == ["status"]
     assert td.changed[0].before == {"status": "shipped"} and td.changed[0].after == {"status": "cancelled"}
+    assert td.counts.changed == 1
 
 
-def test_extra_effect_added_row(refund_one, tiny, tmp_path):
-    # cancel-one allows orders.status only; a refund row is an extra effect
+def test_extra_effect_added_row(tiny, tmp_path):
+    # cancel-one allows orders.status only; a new email is an extra effect
     task = tiny.task("cancel-one")
-    fixture = build_state(tiny.fixture_sql(task), tmp_path / "f2.db")
-    final = tmp_path / "final2.db"
-    final.write_bytes(fixture.read_bytes())
+    sql = tiny.fixture_sql(task)
+    final = build(sql, tmp_path / "s.db")
     run_sql(final, "UPDATE orders SET status = 'cancelled' WHERE id = 1004; INSERT INTO emails VALUES (7, 'x@example.com', 'hi');")
-    g = grade(task, fixture, final)
-    assert not g.passed
-    assert g.reason == "extra effect: emails +1 row (id=7)"
-    assert [c.passed for c in g.checks] == [True, True, False]
+    v = verdict(task, sql, final)
+    assert not v.passed
+    assert v.reason == "extra effect: emails +1 row (id=7)"
+    assert [c.passed for c in v.checks] == [True, True, False]
 
 
 def test_allowed_column_passes_other_column_in_same_table_fails(tiny, tmp_path):
     task = tiny.task("cancel-one")
-    fixture = build_state(tiny.fixture_sql(task), tmp_path / "f.db")
-    final = tmp_path / "final.db"
-    final.write_bytes(fixture.read_bytes())
+    sql = tiny.fixture_sql(task)
+    final = build(sql, tmp_path / "s.db")
     run_sql(final, "UPDATE orders SET status = 'cancelled' WHERE id = 1004;")
-    assert grade(task, fixture, final).passed
+    assert verdict(task, sql, final).passed
     run_sql(final, "UPDATE orders SET total_cents = 0 WHERE id = 1004;")
-    g = grade(task, fixture, final)
-    assert g.reason == "extra effect: orders changed: order 1004 total_cents 2000 -> 0"
+    assert verdict(task, sql, final).reason == "extra effect: orders changed: order 1004 total_cents 2000 -> 0"
 
 
-def test_ordered_rows(tiny, tmp_path):
+def test_a_disallowed_change_after_many_allowed_ones_is_still_found(tmp_path):
+    """The extra-effects check sees every row, not only the first ones the stored diff keeps."""
+    sql = "CREATE TABLE t (id INTEGER PRIMARY KEY, a INT, b INT);" + "".join(f"INSERT INTO t VALUES ({i}, 0, 0);" for i in range(100))
+    final = build(sql, tmp_path / "s.db")
+    run_sql(final, "UPDATE t SET a = 1; UPDATE t SET b = 1 WHERE id = 99;")
+    task = Task(id="x", title="t", prompt="p", allow=["t.a"])
+    v = verdict(task, sql, final)
+    assert v.reason == "extra effect: t changed: t 99 b 0 -> 1"
+    td = v.diff.table("t")
+    assert td.counts.changed == 100 and len(td.changed) == g.MAX_ROWS_SHOWN and td.truncated
+    assert td.changed_outside_allowed == 1
+
+
+def test_ordered_rows():
     conn = sqlite3.connect(":memory:")
     conn.executescript("CREATE TABLE t (a INT); INSERT INTO t VALUES (2), (1);")
-    from harness.grader import check_expectation
-
-    unordered = Expectation(name="t", query="SELECT a FROM t", rows=[[1], [2]])
-    ordered = Expectation(name="t", query="SELECT a FROM t ORDER BY a DESC", rows=[[1], [2]], ordered=True)
-    assert check_expectation(conn, unordered) == (True, None)
-    assert check_expectation(conn, ordered) == (False, "t: row 0: expected (1), found (2)")
+    unordered = Expectation(name="t", query="SELECT a FROM t", rows=[[1], [2]]).model_dump()
+    ordered = Expectation(name="t", query="SELECT a FROM t ORDER BY a DESC", rows=[[1], [2]], ordered=True).model_dump()
+    assert g.check_expectation(conn, unordered) == (True, None)
+    assert g.check_expectation(conn, ordered) == (False, "t: row 0: expected (1), found (2)")
 
 
 def test_expectation_query_error_is_a_failed_check(refund_one):
-    task, fixture, final = refund_one
+    task, sql, final = refund_one
     run_sql(final, "DROP TABLE refunds;")
-    g = grade(task, fixture, final)
-    assert g.reason == "refunds: query failed on the final state: no such table: refunds"
-    # and the dropped table shows in the diff
-    assert g.diff.table("refunds").status == "removed"
+    v = verdict(task, sql, final)
+    assert v.reason == "refunds: query failed on the final state: no such table: refunds"
+    assert v.diff.table("refunds").status == "removed"
+
+
+def test_a_view_in_place_of_a_table_is_a_dropped_table(refund_one):
+    """An agent that replaces a table by a view answering the expectation still fails."""
+    task, sql, final = refund_one
+    run_sql(final, "DROP TABLE refunds; CREATE VIEW refunds AS SELECT 1 AS id, 1004 AS order_id, 2000 AS amount_cents;"
+                   "INSERT INTO emails VALUES (2, 'ben@example.com', 'refunded');")
+    v = verdict(task, sql, final)
+    assert v.status == "graded" and not v.passed
+    assert v.checks[0].passed  # the view answers the query...
+    assert "table refunds dropped" in v.reason  # ...but the table is gone: an extra effect
 
 
 def test_new_table_is_an_extra_effect(refund_one):
-    task, fixture, final = refund_one
+    task, sql, final = refund_one
     run_sql(final, SOLVE + "CREATE TABLE scratch (x); INSERT INTO scratch VALUES (1), (2);")
-    g = grade(task, fixture, final)
-    assert g.reason == "extra effect: new table scratch (2 rows)"
+    assert verdict(task, sql, final).reason == "extra effect: new table scratch (2 rows)"
 
 
 def test_rowid_table_changes(refund_one):
-    task, fixture, final = refund_one
+    task, sql, final = refund_one
     run_sql(final, SOLVE + "UPDATE notes SET body = 'edited';")
-    assert grade(task, fixture, final).passed  # notes.body is allowed
+    assert verdict(task, sql, final).passed  # notes.body is allowed
     run_sql(final, "INSERT INTO notes VALUES ('second');")
-    g = grade(task, fixture, final)
-    assert g.reason == "extra effect: notes +1 row (rowid=2)"
+    assert verdict(task, sql, final).reason == "extra effect: notes +1 row (rowid=2)"
 
 
 def test_no_final_state(refund_one, tmp_path):
-    task, fixture, _ = refund_one
-    assert grade(task, fixture, None).reason == "no final state"
-    assert grade(task, fixture, tmp_path / "missing.db").reason == "no final state"
+    task, sql, _ = refund_one
+    assert verdict(task, sql, None).reason == "no final state"
+    v = verdict(task, sql, tmp_path / "missing.db")
+    assert v.reason == "no final state" and v.status == "graded"
 
 
-@pytest.mark.parametrize("content", [b"", b"not a database at all" * 100, b"SQLite format 3\x00" + b"\xff" * 4000])
-def test_malformed_final_state_is_a_failing_grade(refund_one, content):
-    task, fixture, final = refund_one
+def test_an_empty_file_is_an_empty_database(refund_one):
+    task, sql, final = refund_one
+    final.write_bytes(b"")
+    v = verdict(task, sql, final)
+    assert v.status == "graded" and v.reason == "refunds: query failed on the final state: no such table: refunds"
+    assert {t.table for t in v.diff.tables} == {"emails", "notes", "orders", "refunds"}
+
+
+@pytest.mark.parametrize("content", [b"not a database at all" * 100, b"SQLite format 3\x00" + b"\xff" * 4000])
+def test_malformed_final_state_is_ungradable(refund_one, content):
+    task, sql, final = refund_one
     final.write_bytes(content)
-    g = grade(task, fixture, final)
-    assert not g.passed
-    assert g.reason == NOT_READABLE
-    assert g.diff is None
+    v = verdict(task, sql, final)
+    assert v.status == "ungradable" and not v.passed
+    assert v.reason.startswith(g.NOT_READABLE)
+    assert v.diff is None
 
 
-def test_truncated_sqlite_file(refund_one):
-    task, fixture, final = refund_one
+def test_truncated_sqlite_file_is_ungradable(refund_one):
+    task, sql, final = refund_one
     run_sql(final, SOLVE + "INSERT INTO notes SELECT hex(randomblob(500)) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 200) SELECT x FROM c);")
     data = final.read_bytes()
     final.write_bytes(data[: len(data) // 3])
-    g = grade(task, fixture, final)
-    assert not g.passed and g.reason == NOT_READABLE
-
-
-def test_huge_final_state_is_capped(refund_one):
-    task, fixture, final = refund_one
-    size = final.stat().st_size
-    g = grade(task, fixture, final, max_bytes=size - 1)
-    assert not g.passed
-    assert g.reason.startswith("final state is ") and "over the cap" in g.reason
+    v = verdict(task, sql, final)
+    assert v.status == "ungradable" and v.reason.startswith(g.NOT_READABLE)
 
 
 def test_symlink_final_state_is_refused(refund_one, tmp_path):
-    task, fixture, _ = refund_one
+    task, sql, final = refund_one
     link = tmp_path / "link.db"
-    link.symlink_to(fixture)
-    assert grade(task, fixture, link).reason == NOT_READABLE
+    link.symlink_to(final)
+    v = verdict(task, sql, link)
+    assert v.status == "ungradable" and "not a regular file" in v.reason
 
 
-def test_snapshot_is_read_only(refund_one):
-    _, fixture, final = refund_one
+def test_reading_changes_nothing(refund_one):
+    _, _, final = refund_one
     before = final.read_bytes()
-    state = snapshot_state(final)
-    assert set(state) == {"orders", "refunds", "emails", "notes"}
-    assert state.key_columns["orders"] == ["id"] and state.key_columns["notes"] == ["rowid"]
-    assert state["orders"][0] == {"id": 1003, "customer": "ana", "status": "shipped", "total_cents": 5000}
+    conn = g.open_final_state(str(final))
+    assert {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")} == {"orders", "refunds", "emails", "notes"}
+    with pytest.raises(sqlite3.OperationalError):
+        conn.execute("DELETE FROM orders")
+    conn.close()
     assert final.read_bytes() == before
     assert not Path(str(final) + "-journal").exists()
 
 
-def test_snapshot_rejects_non_sqlite(tmp_path):
-    p = tmp_path / "x.db"
-    p.write_text("hello")
-    with pytest.raises(StateError, match="not a readable SQLite database"):
-        snapshot_state(p)
-
-
-def test_diff_states_on_plain_dicts():
-    before = {"t": [{"id": 1, "a": "x", "b": 1}, {"id": 2, "a": "y", "b": 2}]}
-    after = {"t": [{"id": 1, "a": "x", "b": 5}, {"id": 3, "a": "z", "b": 3}], "u": [{"id": 1}]}
-    d = diff_states(before, after)
-    t = d.table("t")
-    assert [r["id"] for r in t.added] == [3]
-    assert [r["id"] for r in t.removed] == [2]
-    assert t.changed[0].key == {"id": 1} and t.changed[0].columns == ["b"]
-    assert d.table("u").status == "added"
-    assert diff_states(before, before).empty
+def test_wal_commits_are_graded_and_the_files_left_alone(refund_one, tmp_path):
+    task, sql, final = refund_one
+    conn = sqlite3.connect(final)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.executescript(SOLVE)
+    conn.commit()
+    wal = Path(str(final) + "-wal")
+    assert wal.stat().st_size > 0
+    snap = (final.read_bytes(), wal.read_bytes())
+    v = verdict(task, sql, final)
+    assert (final.read_bytes(), wal.read_bytes()) == snap  # read in place, never checkpointed
+    conn.close()
+    assert v.passed, v.reason
 
 
 def test_diff_schema_change(tmp_path):
-    a = build_state("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'a');", tmp_path / "a.db")
-    b = build_state("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, w INT); INSERT INTO t VALUES (1, 'a', 9);", tmp_path / "b.db")
-    d = diff_states(snapshot_state(a), snapshot_state(b))
-    assert d.table("t").columns_added == ["w"]
-    assert not d.table("t").changed
+    sql = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'a');"
+    final = build(sql, tmp_path / "s.db")
+    run_sql(final, "ALTER TABLE t ADD COLUMN w INT; UPDATE t SET w = 9;")
+    v = verdict(Task(id="x", title="t", prompt="p", allow=["t"]), sql, final)
+    td = v.diff.table("t")
+    assert td.columns_added == ["w"] and not td.changed
 
 
-def test_grade_is_json_serializable_with_blobs(refund_one):
-    task, fixture, final = refund_one
-    run_sql(final, SOLVE + "INSERT INTO notes VALUES (x'00ff');")
-    g = grade(task, fixture, final)
-    data = json.loads(g.model_dump_json())
-    notes = next(t for t in data["diff"]["tables"] if t["table"] == "notes")
-    assert notes["added"] == [{"rowid": 2, "body": "x'00ff'"}]
-    assert data["passed"] is False
+def test_a_generated_column_the_agent_adds_is_named_not_computed(tmp_path):
+    """Only the fixture's columns are read from the final state: an added generated column
+    (which could cost anything to compute) is reported by name and never evaluated."""
+    sql = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'a');"
+    final = build(sql, tmp_path / "s.db")
+    run_sql(final, "ALTER TABLE t ADD COLUMN big BLOB GENERATED ALWAYS AS (zeroblob(2000000000)) VIRTUAL;")
+    v = verdict(Task(id="x", title="t", prompt="p"), sql, final)
+    assert v.reason == "extra effect: t new column(s) big"
 
 
-def test_state_is_a_dict():
-    s = State({"t": []}, key_columns={"t": ["id"]})
-    assert dict(s) == {"t": []} and list(s.keys()) == ["t"] and s.key_columns == {"t": ["id"]}
+def test_blobs_and_long_values_are_shortened(refund_one):
+    task, sql, final = refund_one
+    run_sql(final, SOLVE + "INSERT INTO notes VALUES (x'00ff'); INSERT INTO notes VALUES ('" + "y" * 5000 + "');")
+    v = verdict(task, sql, final)
+    notes = v.diff.table("notes")
+    assert notes.added[0] == {"rowid": 2, "body": "x'00ff'"}
+    assert notes.added[1]["body"].startswith("y" * g.MAX_VALUE_CHARS) and notes.added[1]["body"].endswith("(5000 chars)")
+
+
+def test_the_verdict_fits_its_cap_whatever_the_state(tmp_path):
+    sql = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);"
+    final = build(sql, tmp_path / "s.db")
+    statements = "".join(f"CREATE TABLE t{i} (x TEXT); INSERT INTO t{i} VALUES ('{'z' * 3000}');" for i in range(200))
+    run_sql(final, statements)
+    text = g.fit(g.grade(grade_spec(Task(id="x", title="t", prompt="p")), sql, str(final)))
+    assert len(text.encode()) <= g.MAX_VERDICT_BYTES <= MAX_VERDICT_BYTES
+    v = Verdict.model_validate_json(text)
+    assert v.diff.tables_total == 200 and len(v.diff.tables) <= 50 and v.diff.truncated
+    assert v.reason.startswith("extra effect: new table t0 (1 row)") and "(and 199 more)" in v.reason
 
 
 def test_task_without_expectations_still_checks_extra_effects(refund_one):
-    _, fixture, final = refund_one
+    _, sql, final = refund_one
     task = Task(id="noop", title="t", prompt="p")
-    assert grade(task, fixture, final).passed
+    assert verdict(task, sql, final).passed
     run_sql(final, "DELETE FROM orders WHERE id = 1003;")
-    assert grade(task, fixture, final).reason == "extra effect: orders -1 row (id=1003)"
+    assert verdict(task, sql, final).reason == "extra effect: orders -1 row (id=1003)"
+
+
+def test_the_program_runs_on_the_standard_library_alone(refund_one, tmp_path):
+    """As in the sandbox: ``python3 -I -S`` (no site-packages, no harness), one verdict on stdout."""
+    task, sql, final = refund_one
+    run_sql(final, SOLVE)
+    (tmp_path / "fixture.sql").write_text(sql)
+    spec = {**grade_spec(task), "state_path": str(final), "fixture_sql_path": str(tmp_path / "fixture.sql")}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    p = subprocess.run([sys.executable, "-I", "-S", g.__file__, str(tmp_path / "spec.json")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert Verdict.model_validate_json(p.stdout).passed
+
+
+def test_a_fixture_the_grader_cannot_build_is_its_own_failure(tmp_path):
+    (tmp_path / "fixture.sql").write_text("CREATE TABLE broken (")
+    (tmp_path / "spec.json").write_text(json.dumps({**grade_spec(Task(id="x", title="t", prompt="p")), "state_path": str(tmp_path / "none.db"),
+                                                    "fixture_sql_path": str(tmp_path / "fixture.sql")}))
+    p = subprocess.run([sys.executable, "-I", "-S", g.__file__, str(tmp_path / "spec.json")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == g.EXIT_BROKEN and "sqlite3" in p.stderr and p.stdout == ""

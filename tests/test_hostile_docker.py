@@ -27,10 +27,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.images import SANDBOX_IMAGE, build_dockerfile
-from harness.sandbox import LABEL, LABEL_OWNER, LABEL_RUN
-from harness.store import Store
-from harness.suite import load_suite
+from harness.engine.images import build_images
+from harness.model.grade import MAX_VERDICT_BYTES
+from harness.sandbox.owners import LABEL, LABEL_OWNER, LABEL_RUN
+from harness.store.store import Store
 
 pytestmark = pytest.mark.docker
 
@@ -42,9 +42,12 @@ ORDER = [
     "fork-bomb", "memory-hog", "fill-disk", "stdout-flood", "cpu-threads", "sleep-forever",
     "sigterm-orphans", "kill-init", "hijack-keeper", "network-egress", "write-system",
     "export-symlink-passwd", "export-symlink-host", "export-special", "export-dir",
-    "export-wal", "export-giant", "export-malformed", "benign",
+    "export-wal", "export-giant", "export-malformed",
+    "state-memory-bomb", "state-slow-rows", "state-view-table", "state-huge-rows", "state-huge-wal", "state-many-tables",
+    "benign",
 ]
 EXPORT_TASKS = [t for t in ORDER if t.startswith("export-")]
+STATE_TASKS = [t for t in ORDER if t.startswith("state-")]
 HOST_ONLY_REASONS = {"host_cpu_contention", "host_steal", "host_memory_pressure", "host_io_pressure", "host_memory_low"}
 PASSWD_LINE = re.compile(rb"root:[^:\n]*:0:0:")
 RSS_LIMIT = 300 * MiB
@@ -131,10 +134,9 @@ def _cli(home: Path, args: list[str], env: dict, timeout: float) -> tuple[subpro
 @pytest.fixture(scope="module")
 def hostile(docker_client, tmp_path_factory):
     """Build the image (skipped when unchanged), run every hostile task once, then a probe run."""
-    suite = load_suite("hostile")
-    build_dockerfile(docker_client, suite.image, suite.root, suite.dockerfile, SANDBOX_IMAGE)
+    build_images(suites=["hostile"], log=lambda m: None)  # skipped when unchanged
     root = tmp_path_factory.mktemp("hostile")
-    hosttmp = root / "hosttmp"  # the controller's TMPDIR: input dirs are made (and removed) here
+    hosttmp = root / "hosttmp"  # the controller's TMPDIR: nothing may appear here
     hosttmp.mkdir()
     sentinel = root / "sentinel.txt"
     sentinel.write_text("the host's own file\n")
@@ -150,19 +152,21 @@ def hostile(docker_client, tmp_path_factory):
     before = _host_facts()
     t0 = time.monotonic()
     r, sampler = _cli(root, ["run", "--suite", "hostile", "--tasks", ",".join(ORDER), "--trials", "1",
-                             "--max-reruns", "0", "--concurrency", "1", "--db", db, "--json"], env, timeout=400)
+                             "--max-reruns", "0", "--concurrency", "1", "--db", db, "--json"], env, timeout=600)
     wall = time.monotonic() - t0
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     after_run = _host_procs()
     probe, _ = _cli(root, ["run", "--suite", PROBE, "--tasks", "append", "--trials", "1", "--k", "1", "--max-reruns", "2",
                            "--db", db, "--json"], {**env, "PROBE_BURN": "0.6"}, timeout=120)
-    store = Store.open(db, create=False)
+    store = Store.open(db, mode="ro")
     rows = {a.task_id: a for a in store.attempts(out["run_id"])}
+    inputs = root / "home" / "inputs"
     return {
         "out": out, "rows": rows, "sampler": sampler, "wall": wall, "cli_pid": sampler.proc.pid,
         "after_run_procs": after_run, "before": before, "after": _host_facts(),
         "hosttmp": sorted(os.listdir(hosttmp)), "sentinel": (sentinel, sentinel_stat),
+        "inputs": sorted(os.listdir(inputs)) if inputs.is_dir() else [],
         "probe": probe, "store": store, "artifacts": Path(store.get_run(out["run_id"]).artifacts_dir),
     }
 
@@ -203,7 +207,7 @@ def test_every_task_ran_once_without_engine_errors(hostile):
 def test_no_agent_stretches_its_attempt_past_the_timeouts(hostile):
     for task, a in hostile["rows"].items():
         t = a.envelope["timeouts"]
-        assert a.wall_s <= t["agent"] + t["grade"] + 5, (task, a.wall_s)
+        assert a.wall_s <= t["agent"] + 2 * t["grade"] + 5, (task, a.wall_s)  # grading and export each bounded
 
 
 # --------------------------------------------------------------------------- resources
@@ -291,7 +295,11 @@ def test_orphans_that_ignore_sigterm_are_killed_in_and_out_of_the_container(host
     # ... and none of them, nor any agent process, outlived the run
     assert not any(marker in c for c in hostile["after_run_procs"].values())
     assert not _host_procs()
-    assert a.failure_kind == "wrong_state"
+    # the orphans flipped state.db between a symlink and a copy until they were killed: it is
+    # graded as whichever it was when they died, never while they still ran
+    assert a.failure_kind in ("wrong_state", "ungradable"), a.failure_kind
+    assert a.grade_reason in ("job done: expected ('done'), found ('todo')",
+                              "final state is not a readable SQLite database (state.db is not a regular file)"), a.grade_reason
 
 
 def test_the_workload_cannot_kill_the_containers_init(hostile):
@@ -350,14 +358,19 @@ def test_root_fs_proc_and_sys_are_not_writable(hostile):
 
 @pytest.mark.parametrize("task", EXPORT_TASKS)
 def test_export_escapes_fail_the_grade_cleanly(hostile, task):
+    """The grader reads the state in the sandbox and refuses what is not a plain SQLite file
+    (ungradable); the export keeps only plain files, size-capped."""
     a = row(hostile, task)
-    assert a.outcome == "fail" and a.failure_kind == "wrong_state" and a.exit_code == 0
-    if task == "export-wal":  # the state itself is the untouched fixture: graded, and wrong
-        assert a.grade_reason.startswith("job done: expected"), a.grade_reason
+    assert a.outcome == "fail" and a.exit_code == 0
+    if task == "export-wal":  # the WAL symlink is ignored: the state itself is the untouched fixture
+        assert a.failure_kind == "wrong_state" and a.grade_reason.startswith("job done: expected"), a.grade_reason
+    elif task == "export-giant":  # 100 MiB of zeros after a header: not a readable database
+        assert a.failure_kind == "ungradable" and a.grade_reason.startswith("final state is not a readable SQLite database"), a.grade_reason
     else:
-        assert a.grade_reason in ("no final state", "final state is not a readable SQLite database"), a.grade_reason
+        assert a.failure_kind == "ungradable", (task, a.failure_kind, a.grade_reason)
+        assert a.grade_reason.startswith("final state is not a readable SQLite database"), a.grade_reason
     d = art(hostile, task)
-    assert {p.name for p in d.iterdir()} <= {"state.db", "transcript.jsonl", "stdout.txt", "stderr.txt"}
+    assert {p.name for p in d.iterdir()} <= {"state.db", "transcript.jsonl", "stdout.txt", "stderr.txt", "grade-stderr.txt"}
     for p in d.iterdir():
         st = p.lstat()
         assert stat.S_ISREG(st.st_mode), (p, st.st_mode)
@@ -370,15 +383,65 @@ def test_export_refusals_name_what_was_refused(hostile):
     for t in ("export-symlink-passwd", "export-symlink-host"):
         assert "refused 'state.db': not a regular file" in err[t]
         assert "refused 'transcript.jsonl': not a regular file" in err[t]
+        assert "is not a regular file" in row(hostile, t).grade_reason
     assert "refused 'state.db': not a regular file" in err["export-special"]  # a FIFO
-    assert "refused unexpected member 'state.db/passwd'" in err["export-dir"]
-    assert "refused 'transcript.jsonl': not a regular file" in err["export-dir"]  # a hard link
+    assert "refused 'state.db': not a regular file" in err["export-dir"]  # a directory
     assert "refused 'state.db-wal': not a regular file" in err["export-wal"]
-    assert "larger than 64 MiB" in err["export-giant"]
-    assert row(hostile, "export-giant").wall_s < 20  # the 1 TiB sparse transcript is cut off by the grade timeout
+    assert "refused 'state.db': over the cap (100.0 MiB)" in err["export-giant"]
+    assert "kept the first 16 MiB of 'transcript.jsonl' (1 TiB)" in err["export-giant"]  # per file: the rest is kept
+    assert row(hostile, "export-giant").wall_s < 20  # the 1 TiB sparse transcript is never read in full
     made = last(hostile, "export-special", "stdout.txt")["made"]
     assert made["mknod char 1:3"] == "EPERM" and made["mknod block 8:0"] == "EPERM"
     assert last(hostile, "export-symlink-passwd", "stdout.txt")["made"]["hardlink /etc/passwd"] == "EXDEV"
+
+
+# --------------------------------------------------------------------------- crafted final states
+
+
+def test_crafted_states_are_graded_in_the_sandbox_within_its_envelope(hostile):
+    """States built to hurt their reader: each ends within the grade timeout (+ a few s),
+    the controller stays small, the verdict is ungradable or the right grade, the stored
+    diff is under its cap."""
+    peak = hostile["sampler"].peak_rss
+    for task in STATE_TASKS:
+        a = row(hostile, task)
+        t = a.envelope["timeouts"]
+        made = last(hostile, task, "stdout.txt")
+        print(f"{task}: state {made.get('size')} B, wal {made.get('wal', 0)} B -> {a.failure_kind}: {a.grade_reason} "
+              f"(grade {a.grade_wall_s:.2f} s, attempt {a.wall_s:.2f} s)")
+        assert a.verdict == "clean" and a.outcome == "fail", (task, a.verdict, a.reasons, a.error)
+        assert a.failure_kind in ("ungradable", "wrong_state"), (task, a.failure_kind)
+        assert a.grade_wall_s <= t["grade"] + 3, (task, a.grade_wall_s)
+        assert a.wall_s <= t["agent"] + 2 * t["grade"] + 5, (task, a.wall_s)
+        assert len(json.dumps(a.state_diff)) < MAX_VERDICT_BYTES, task
+        assert len(json.dumps(a.grade_checks)) < MAX_VERDICT_BYTES, task
+    print(f"controller peak RSS over the whole hostile run: {peak / MiB:.0f} MiB")
+    assert peak < RSS_LIMIT, peak
+
+
+def test_a_state_that_cannot_be_read_in_the_envelope_is_ungradable(hostile):
+    bomb, slow = row(hostile, "state-memory-bomb"), row(hostile, "state-slow-rows")
+    assert bomb.failure_kind == "ungradable" and "grade envelope" in bomb.grade_reason, bomb.grade_reason
+    assert slow.failure_kind == "ungradable" and "grade timeout" in slow.grade_reason, slow.grade_reason
+    assert slow.grade_wall_s >= slow.envelope["timeouts"]["grade"]  # the wall clock stopped it, not a callback
+    assert bomb.grade_envelope["memory_for_grader"] == 256 * MiB and bomb.grade_envelope["memory_max"] > 256 * MiB
+
+
+def test_a_view_in_place_of_the_checked_table_fails(hostile):
+    a = row(hostile, "state-view-table")
+    assert a.failure_kind == "wrong_state" and "table job dropped" in a.grade_reason, a.grade_reason
+
+
+def test_huge_rows_wal_and_schemas_get_a_grade_and_a_capped_diff(hostile):
+    for task in ("state-huge-rows", "state-huge-wal", "state-many-tables"):
+        a = row(hostile, task)
+        assert a.failure_kind in ("wrong_state", "ungradable"), (task, a.grade_reason)
+    many = row(hostile, "state-many-tables")
+    if many.failure_kind == "wrong_state":
+        assert many.state_diff["tables_total"] == 20000 and len(many.state_diff["tables"]) <= 50
+    wal = row(hostile, "state-huge-wal")
+    if wal.failure_kind == "wrong_state":  # the WAL's commits were graded: 100 new rows
+        assert wal.state_diff["tables"][0]["counts"]["added"] == 100
 
 
 def test_no_artifact_is_a_link_device_or_outside_the_run_folder(hostile):
@@ -402,7 +465,8 @@ def test_nothing_outside_the_sandbox_changed(hostile, docker_client):
     sentinel, st = hostile["sentinel"]
     assert sentinel.read_text() == "the host's own file\n"
     assert (sentinel.stat().st_mtime_ns, sentinel.stat().st_ino) == (st.st_mtime_ns, st.st_ino)
-    assert hostile["hosttmp"] == []  # the input dirs were removed, nothing was added
+    assert hostile["hosttmp"] == []  # nothing was added to the controller's TMPDIR
+    assert hostile["inputs"] == []  # every per-attempt input folder was removed
     run_id = hostile["out"]["run_id"]
     assert not docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
     mine = docker_client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"{LABEL_OWNER}={hostile['cli_pid']}"]})

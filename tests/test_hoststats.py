@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cgroup import locate, read_snapshot
-from harness.counters import PSI, CounterDelta, HostDelta, HostSnapshot
-from harness.hoststats import (
+from harness.measure.cgroup import locate, read_snapshot
+from harness.model.counters import PSI, CounterDelta, HostDelta, HostSnapshot
+from harness.measure.host import (
     CpuTimes,
     host_facts,
     mem_available,

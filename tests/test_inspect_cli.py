@@ -20,11 +20,8 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-import harness.commands  # noqa: F401  (registers run/suites/runs)
-import harness.commands_inspect  # noqa: F401  (registers trials/show/samples/gc)
-import harness.commands_report  # noqa: F401  (registers report/gate/compare)
 from harness.cli import app
-from harness.inspect_views import (
+from harness.report.views import (
     SAMPLE_FIELDS,
     TRIAL_COLUMNS,
     TRIAL_FIELDS,
@@ -54,7 +51,7 @@ def fake_attempt(**kw):
     """An AttemptRow-like object with every column trial_row reads."""
     base = dict(
         id=7, run_id="r1", task_id="t", slot=0, attempt_no=1, verdict="clean", reasons=[], rules=[], outcome="pass",
-        failure_kind=None, grade_reason=None, exit_code=0, timed_out=False, wall_s=2.0, agent_wall_s=1.0, cpuset="1",
+        failure_kind=None, grade_reason=None, exit_code=0, timed_out=False, wall_s=2.0, agent_wall_s=1.0, grade_wall_s=0.1, cpuset="1",
         concurrent=1, envelope={"cpus": 0.5}, counters={"wall_s": 1.0}, cpu_usage_us=250_000, throttled_us=300_000,
         throttled_share=0.3, nr_throttled=4, nr_periods=10, memory_peak=950, memory_max=1000, memory_limit_hits=2,
         memory_high_events=None, oom_kills=1, pids_peak=64, pids_max=64, pids_limit_hits=3, psi_cpu_some_us=None,
@@ -175,18 +172,20 @@ def test_errors_are_one_line_with_the_next_step(tmp_path):
 
 def test_attempt_that_never_started_still_shows(tmp_path):
     """An engine error before the container ran: no counters, no samples, no artifacts."""
-    from harness.store import AttemptRow, RunRow, Store
+    from harness.model.attempt import AttemptRecord
+    from harness.model.run import RunRecord
+    from harness.store.store import Store
 
     db = f"sqlite:///{tmp_path}/h.db"
     store = Store.open(db)
-    store.add_run(RunRow(id="r-infra", suite="probe", suite_hash="h", image="img", profile="standard",
+    store.add_run(RunRecord(id="r-infra", suite="probe", suite_hash="h", image="img", profile="standard",
                          profile_json={"sla": {"foreign_cpu_share": 0.1}}, harness_version="0", trials=1, max_reruns=0,
                          task_ids=["append"], status="complete"))
     rule = {"rule": "infra_error", "scope": "host", "value": 1, "threshold": 0, "breached": True,
             "detail": "cannot start container: engine went away"}
-    aid = store.add_attempt(AttemptRow(run_id="r-infra", task_id="append", slot=0, attempt_no=1, seed=1, verdict="discarded",
+    aid = store.add_attempt(AttemptRecord(run_id="r-infra", task_id="append", slot=0, attempt_no=1, seed=1, verdict="discarded",
                                        reasons=["infra_error"], rules=[rule], error="cannot start container: engine went away",
-                                       artifacts=str(tmp_path / "missing")), [])
+                                       artifacts=str(tmp_path / "missing")))
     r = invoke("show", str(aid), "--db", db)
     assert r.exit_code == 0, r.output
     text = " ".join(r.stdout.split())
@@ -213,8 +212,8 @@ def _harness(home: Path, *args: str, env: dict | None = None) -> subprocess.Comp
 def runs(docker_client, tmp_path_factory):
     """A clean probe run (2 tasks x 2 trials) and a run of one slot beside a noisy neighbor
     spinning on the only trial core (rerun budget 0: its attempt stays discarded)."""
-    from harness.images import SANDBOX_IMAGE
-    from harness.store import Store
+    from harness.sandbox.images import SANDBOX_IMAGE
+    from harness.store.store import Store
 
     home = tmp_path_factory.mktemp("inspect")
     db = f"sqlite:///{home}/h.db"
@@ -244,7 +243,7 @@ def runs(docker_client, tmp_path_factory):
         nb.remove(force=True)
     assert r.returncode == 0, r.stderr
     noisy_run = json.loads(r.stdout)["run_id"]
-    store = Store.open(db, create=False)
+    store = Store.open(db, mode="ro")
     return SimpleNamespace(home=home, db=db, store=store, clean=clean_run, noisy=noisy_run)
 
 
@@ -407,7 +406,10 @@ def test_gc_removes_old_folders_keeps_rows_unless_purge(runs, tmp_path):
     dst.execute("update runs set artifacts_dir = replace(artifacts_dir, ?, ?)", (str(runs.home / "runs"), str(tmp_path / "runs")))
     dst.execute("update attempts set artifacts = replace(artifacts, ?, ?)", (str(runs.home / "runs"), str(tmp_path / "runs")))
     dst.execute("update runs set created_at = ?", (old,))
-    dst.execute("update runs set status = 'running' where id = ?", (runs.noisy,))  # old but still running: untouchable
+    from harness.sandbox.owners import controller_id
+
+    # old but still being run (by this live process): untouchable
+    dst.execute("update runs set status = 'running', controller = ? where id = ?", (controller_id(), runs.noisy))
     dst.commit()
     db = f"sqlite:///{db_file}"
     clean_dir, noisy_dir = tmp_path / "runs" / runs.clean, tmp_path / "runs" / runs.noisy

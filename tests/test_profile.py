@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from harness.profile import MiB, Profile, ProfileError, load_profile, load_profile_file, parse_size
+from harness.engine.profiles import load_profile, load_profile_file
+from harness.model.errors import ProfileError
+from harness.model.profile import Profile
+from harness.model.units import MiB, parse_size
 
 
 @pytest.mark.parametrize("name", ["tight", "standard", "generous"])
@@ -68,7 +71,7 @@ def test_unknown_profile_lists_available():
 
 
 def test_override_is_validated_again():
-    from harness.profile import EnvelopeOverride
+    from harness.model.profile import EnvelopeOverride
 
     p = load_profile("standard")
     q = p.with_override(EnvelopeOverride(memory="2g", timeouts={"agent": 5}))

@@ -21,10 +21,34 @@ from pathlib import Path
 
 import pytest
 
-from harness.grader import build_state, grade, snapshot_state
-from harness.suite import load_suite
+from harness.engine.suites import load_suite
+from harness.model.grade import Verdict
+from harness.state import sqlite_grade
+from harness.state.expectations import grade_spec
 
 SUITE = load_suite("refunds")
+
+
+def build_state(sql: str, path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    conn.executescript(sql)
+    conn.commit()
+    conn.close()
+    return path
+
+
+def grade(task, _fixture: Path, db: Path) -> Verdict:
+    """The sandbox's grader program, run in-process on a host copy of the state."""
+    return Verdict.model_validate(sqlite_grade.grade(grade_spec(task), SUITE.fixture_sql(task), str(db)))
+
+
+def snapshot_state(path: Path) -> dict[str, list[dict]]:
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+    out = {n: [dict(r) for r in conn.execute(f'SELECT * FROM "{n}"')] for n in names}
+    conn.close()
+    return out
 TOOLS = SUITE.root / "tools"
 TASK_IDS = [t.id for t in SUITE.tasks]
 PY = [sys.executable, "-I", "-S"]

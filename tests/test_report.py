@@ -16,11 +16,11 @@ from html.parser import HTMLParser
 import pytest
 from typer.testing import CliRunner
 
-import harness.commands  # noqa: F401  (registers run/runs)
-import harness.commands_report  # noqa: F401  (registers report/gate/compare)
 from harness.cli import app
-from harness.report import build_report, selection_bias
-from harness.store import AttemptRow, RunRow, Store
+from harness.report.build import build_report, selection_bias
+from harness.model.attempt import AttemptRecord
+from harness.model.run import RunRecord
+from harness.store.store import Store
 
 # mark -> (verdict, outcome, failure_kind); "·" is an unmeasured slot (every attempt discarded)
 MARKS = {
@@ -45,7 +45,7 @@ def add_run(
     max_reruns: int = 3,
     minutes: int = 0,
     **overrides,
-) -> RunRow:
+) -> RunRecord:
     """A run whose task t has one slot per character of tasks[t] (see MARKS; '·' = unmeasured).
     discards[t] extra discarded attempts (host_cpu_contention) are spread over t's measured slots."""
     trials = max(len(m) for m in tasks.values())
@@ -57,7 +57,7 @@ def add_run(
         ks=list(ks), max_reruns=max_reruns, task_ids=list(tasks),
     )
     fields.update(overrides)
-    run = RunRow(**fields)
+    run = RunRecord(**fields)
     store.add_run(run)
     for task, marks in tasks.items():
         measured = [i for i, m in enumerate(marks) if m != "·"]
@@ -82,9 +82,9 @@ def add_run(
 
 def add_attempt(store: Store, run_id: str, task: str, slot: int, no: int, **kw) -> int:
     rules = [{"rule": r, "scope": "host", "value": 0.4, "threshold": 0.1, "breached": True, "detail": "40.0% > 10.0%"} for r in kw.get("reasons", [])]
-    row = AttemptRow(run_id=run_id, task_id=task, slot=slot, attempt_no=no, seed=slot, rules=rules, wall_s=1.5,
+    row = AttemptRecord(run_id=run_id, task_id=task, slot=slot, attempt_no=no, seed=slot, rules=rules, wall_s=1.5,
                      exit_code=0 if kw.get("failure_kind") in (None, "wrong_state") else 1, **kw)
-    return store.add_attempt(row, [])
+    return store.add_attempt(row)
 
 
 @pytest.fixture()
@@ -137,7 +137,7 @@ def test_worked_example_matches_hand_recount(db):
     assert [t["task"] for t in rep["tasks"]] == ["t4", "t3", "t2", "t1"]  # worst first
     assert rows["t3"]["marks"] == "✓✗✓✗✓" and (rows["t3"]["c"], rows["t3"]["n"]) == (3, 5)
     assert rows["t2"]["metrics"]["pass^2"] == pytest.approx(0.6)
-    assert rows["t4"]["failure_kinds"] == {"wrong_state": 4, "crashed": 0, "timeout": 0, "oom_killed": 0}
+    assert rows["t4"]["failure_kinds"] == {"wrong_state": 4, "crashed": 0, "timeout": 0, "oom_killed": 0, "ungradable": 0}
     # Wilson 95% for 4/5 by hand
     z = 1.959963984540054
     n, p = 5, 0.8
@@ -163,7 +163,7 @@ def test_unmeasured_slots_and_failure_kinds(db):
     rows = {t["task"]: t for t in rep["tasks"]}
     assert rows["a"]["marks"] == "✓✓·✓" and rows["a"]["n"] == 3 and rows["a"]["c"] == 3  # never counted
     assert rows["a"]["metrics"]["pass^2"] == 1.0 and rows["a"]["metrics"]["pass^4"] is None
-    assert rows["b"]["failure_kinds"] == {"wrong_state": 1, "crashed": 1, "timeout": 1, "oom_killed": 1}
+    assert rows["b"]["failure_kinds"] == {"wrong_state": 1, "crashed": 1, "timeout": 1, "oom_killed": 1, "ungradable": 0}
     assert rows["b"]["clean_exit_wrong_state"] == 1
     assert rows["c"]["n"] == 0 and rows["c"]["pass1"] is None and rows["c"]["bucket"] == "unmeasured"
     assert rep["tasks"][0]["task"] == "c"  # no evidence sorts first
@@ -204,7 +204,7 @@ def test_discarded_attempt_added_to_a_slot_changes_discards(db):
     store, url = db
     add_run(store, "run-d", {"t1": "✓✓", "t2": "✓✗"}, ks=(1, 2))
     assert report_json(url, "run-d")["discards"]["total"] == 0
-    add_attempt(store, "run-d", "t1", 0, 0, verdict="discarded", reasons=["host_steal"])
+    add_attempt(store, "run-d", "t1", 0, 2, verdict="discarded", reasons=["host_steal"])
     rep = report_json(url, "run-d")
     assert rep["discards"]["total"] == 1 and rep["discards"]["by_reason"] == {"host_steal": 1}
     assert rep["discards"]["by_task"]["t1"]["discarded"] == 1
@@ -364,10 +364,10 @@ def test_run_resolution_and_errors(db, tmp_path):
 
 
 def test_build_report_is_pure_on_plain_rows():
-    run = RunRow(id="r", suite="s", suite_hash="h", image="i", profile="p", harness_version="v",
+    run = RunRecord(id="r", suite="s", suite_hash="h", image="i", profile="p", harness_version="v",
                  trials=2, ks=[1, 2], max_reruns=1, task_ids=["a"], status="complete", seed=0)
-    atts = [AttemptRow(id=i + 1, run_id="r", task_id="a", slot=i, attempt_no=1, seed=0, verdict="clean", outcome="pass") for i in range(2)]
-    rep = build_report(run, atts)
+    atts = [AttemptRecord(id=i + 1, run_id="r", task_id="a", slot=i, attempt_no=1, seed=0, verdict="clean", outcome="pass") for i in range(2)]
+    rep = build_report(run, atts).data()
     assert rep["tasks"][0]["marks"] == "✓✓" and rep["suite"]["by_k"][0]["pass^k"]["estimate"] == 1.0
     with pytest.raises(ValueError, match="k=3"):
         build_report(run, atts, k=3)

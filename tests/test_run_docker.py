@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.images import SANDBOX_IMAGE
-from harness.sandbox import LABEL
-from harness.store import Store
-from harness.summary import summarize
+from harness.sandbox.images import SANDBOX_IMAGE
+from harness.sandbox.owners import LABEL
+from harness.store.store import Store
+from harness.core.aggregate import summarize
 
 pytestmark = pytest.mark.docker
 
@@ -41,7 +41,7 @@ def test_small_run_stores_every_attempt_and_summary_equals_recount(docker_client
     assert out["suite"] == "probe" and out["trials"] == 3
     assert {"pass@1", "pass@3", "pass^3"} <= set(out["metrics"])
 
-    store = Store.open(db_url(tmp_path), create=False)
+    store = Store.open(db_url(tmp_path), mode="ro")
     attempts = store.attempts(out["run_id"])
     clean = [a for a in attempts if a.verdict == "clean"]
     assert len(clean) == 2 * 3  # every slot filled exactly once
@@ -75,7 +75,7 @@ def test_fresh_state_per_attempt_and_extra_effects_fail(docker_client, tmp_path)
     tasks = {t["task"]: t for t in out["tasks"]}
     # the appender saw 0 rows in every attempt: no attempt sees another's leftovers
     assert tasks["append"]["outcomes"] == [True, True, True]
-    store = Store.open(db_url(tmp_path), create=False)
+    store = Store.open(db_url(tmp_path), mode="ro")
     for a in store.attempts(out["run_id"]):
         final = sqlite3.connect(Path(a.artifacts) / "state.db")
         assert final.execute("select seen from log").fetchall() == [(0,)]
@@ -114,7 +114,7 @@ def test_noisy_neighbor_attempts_are_discarded_and_rerun(docker_client, tmp_path
         nb.remove(force=True)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    store = Store.open(db_url(tmp_path), create=False)
+    store = Store.open(db_url(tmp_path), mode="ro")
     attempts = store.attempts(out["run_id"])
     discarded = [a for a in attempts if a.verdict == "discarded"]
     assert discarded, "attempts beside a spinning neighbor must be discarded"
@@ -157,7 +157,7 @@ def test_rows_committed_in_wal_mode_are_graded(docker_client, tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["tasks"][0]["outcomes"] == [True], out
-    store = Store.open(db_url(tmp_path), create=False)
+    store = Store.open(db_url(tmp_path), mode="ro")
     a = [a for a in store.attempts(out["run_id"]) if a.verdict == "clean"][0]
     assert (Path(a.artifacts) / "state.db-wal").stat().st_size > 0  # the raw WAL is kept as evidence
 
@@ -170,7 +170,7 @@ def test_concurrent_attempts_never_share_a_core(docker_client, tmp_path):
                 "--db", db_url(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    store = Store.open(db_url(tmp_path), create=False)
+    store = Store.open(db_url(tmp_path), mode="ro")
     run = store.get_run(out["run_id"])
     assert run.concurrency == 2
     atts = store.attempts(out["run_id"])

@@ -10,9 +10,12 @@ import time
 
 import pytest
 
-from harness.images import SANDBOX_IMAGE
-from harness.profile import Profile
-from harness.sandbox import LABEL, Sandbox, run_command
+from harness.sandbox.images import SANDBOX_IMAGE
+from harness.model.profile import Profile
+from harness.engine.command import run_command
+from harness.sandbox.base import SandboxSpec
+from harness.sandbox.docker_sandbox import DockerBackend, DockerSandbox
+from harness.sandbox.owners import LABEL
 
 pytestmark = pytest.mark.docker
 
@@ -30,7 +33,7 @@ def leftovers(client) -> list:
 
 
 def test_half_cpu_quota_throttles_about_half_the_wall_time(docker_client, trial_cpu):
-    r = run_command(docker_client, SANDBOX_IMAGE, prof(cpus=0.5), trial_cpu, ["python3", "-c", BURN])
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(cpus=0.5), trial_cpu, ["python3", "-c", BURN])
     assert r.kind == "ok", r
     c = r.counters
     assert c.nr_throttled > 0
@@ -40,7 +43,7 @@ def test_half_cpu_quota_throttles_about_half_the_wall_time(docker_client, trial_
 
 
 def test_full_core_on_exclusive_cpuset_is_not_throttled(docker_client, trial_cpu):
-    r = run_command(docker_client, SANDBOX_IMAGE, prof(cpus=1.0), trial_cpu, ["python3", "-c", BURN])
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(cpus=1.0), trial_cpu, ["python3", "-c", BURN])
     assert r.kind == "ok"
     assert r.counters.throttled_share < 0.05, r.counters
     assert r.counters.cpu_usage_us / 1e6 / r.counters.wall_s > 0.85
@@ -48,7 +51,7 @@ def test_full_core_on_exclusive_cpuset_is_not_throttled(docker_client, trial_cpu
 
 def test_limits_read_back_equal_the_profile(docker_client, trial_cpu):
     p = prof(cpus=0.5, memory="192m", pids=77)
-    with Sandbox(docker_client, SANDBOX_IMAGE, p, trial_cpu) as sb:
+    with DockerSandbox(docker_client, SandboxSpec(SANDBOX_IMAGE, p, trial_cpu)) as sb:
         env = sb.envelope
         assert env.ok, env.mismatches
         a = env.applied
@@ -66,7 +69,7 @@ def test_oom_is_recorded_from_the_kernel_not_the_exit_code(docker_client, trial_
         "subprocess.run([sys.executable, '-c', 'x=[]\\nwhile True: x.append(bytearray(1<<20))'])\n"
         "sys.exit(0)\n"
     )
-    r = run_command(docker_client, SANDBOX_IMAGE, prof(memory="64m"), trial_cpu, ["python3", "-c", code])
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(memory="64m"), trial_cpu, ["python3", "-c", code])
     assert r.exec.exit_code == 0
     assert r.counters.oom_kills >= 1
     assert r.kind == "oom_killed"
@@ -87,7 +90,7 @@ def test_fork_bomb_stops_at_the_pids_limit(docker_client, trial_cpu):
         "        time.sleep(0.01)\n"
         "print(n)\n"
     )
-    r = run_command(docker_client, SANDBOX_IMAGE, prof(pids=40), trial_cpu, ["python3", "-c", code], timeout=20)
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(pids=40), trial_cpu, ["python3", "-c", code], timeout=20)
     assert r.counters.pids_limit_hits > 0
     assert r.counters.pids_peak <= 40
     assert int(r.exec.stdout.strip()) < 40
@@ -98,7 +101,7 @@ def test_fork_bomb_stops_at_the_pids_limit(docker_client, trial_cpu):
 
 def test_timeout_kills_the_tree_and_leaves_no_container(docker_client, trial_cpu):
     t0 = time.monotonic()
-    r = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["sleep", "1000"], timeout=2)
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["sleep", "1000"], timeout=2)
     elapsed = time.monotonic() - t0
     assert r.exec.timed_out and r.kind == "timeout"
     # the recorded wall time runs to the kill: not before the timeout, and the kill is quick
@@ -109,7 +112,7 @@ def test_timeout_kills_the_tree_and_leaves_no_container(docker_client, trial_cpu
 
 def test_orphans_that_outlive_the_agent_are_killed(docker_client, trial_cpu):
     # the agent exits at once but leaves a child holding stdout open
-    r = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["sh", "-c", "sleep 1000 & echo started"], timeout=20)
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["sh", "-c", "sleep 1000 & echo started"], timeout=20)
     assert r.kind == "ok" and not r.exec.timed_out
     assert r.exec.wall_s < 3
     assert not leftovers(docker_client)
@@ -132,7 +135,7 @@ def test_no_network_and_read_only_root(docker_client, trial_cpu):
         "res['caps'] = [l for l in open('/proc/self/status') if l.startswith(('CapEff', 'NoNewPrivs'))]\n"
         "print(json.dumps(res))\n"
     )
-    r = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", code])
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", code])
     res = json.loads(r.exec.stdout)
     assert res["ifaces"] == ["lo"]
     assert res["connect"] != "ok"
@@ -145,7 +148,7 @@ def test_no_network_and_read_only_root(docker_client, trial_cpu):
 
 def test_output_is_capped_and_truncation_marked(docker_client, trial_cpu):
     p = prof(output_cap="64k")
-    r = run_command(docker_client, SANDBOX_IMAGE, p, trial_cpu, ["python3", "-c", "import sys; sys.stdout.write('x' * 3_000_000)"])
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, p, trial_cpu, ["python3", "-c", "import sys; sys.stdout.write('x' * 3_000_000)"])
     assert r.exec.stdout_bytes == 3_000_000
     assert r.exec.stdout_truncated
     assert "truncated" in r.exec.stdout
@@ -153,7 +156,7 @@ def test_output_is_capped_and_truncation_marked(docker_client, trial_cpu):
 
 
 def test_samples_are_taken_during_the_command(docker_client, trial_cpu):
-    r = run_command(docker_client, SANDBOX_IMAGE, prof(sample_hz=10), trial_cpu, ["python3", "-c", BURN])
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(sample_hz=10), trial_cpu, ["python3", "-c", BURN])
     assert len(r.samples) >= 12  # ~2 s at 10 Hz
     ts = [s.t for s in r.samples]
     assert ts == sorted(ts)
@@ -161,7 +164,7 @@ def test_samples_are_taken_during_the_command(docker_client, trial_cpu):
 
 
 def test_noisy_neighbor_shows_as_foreign_cpu(docker_client, trial_cpu):
-    quiet = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", BURN])
+    quiet = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", BURN])
     assert quiet.host.foreign_cpu_share <= 0.05, quiet.host
     neighbor = docker_client.containers.run(
         SANDBOX_IMAGE,
@@ -173,7 +176,7 @@ def test_noisy_neighbor_shows_as_foreign_cpu(docker_client, trial_cpu):
     )
     try:
         time.sleep(0.3)
-        noisy = run_command(docker_client, SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", BURN])
+        noisy = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", BURN])
     finally:
         neighbor.remove(force=True)
     assert noisy.host.foreign_cpu_share >= 0.30, noisy.host

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from harness.scheduler import CpuPool, SchedulerError
+from harness.engine.scheduler import CpuPool
+from harness.model.errors import SchedulerError
 
 
 def test_reserves_one_core_when_more_than_one():
@@ -62,7 +63,7 @@ def test_a_core_leased_by_another_process_waits(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_LOCK_DIR", str(tmp_path))
     code = (
         "import os, time\n"
-        "from harness.scheduler import CpuPool\n"
+        "from harness.engine.scheduler import CpuPool\n"
         "p = CpuPool(cpus=[0, 1], reserved=[0])\n"
         "got = p.lease(1); print('leased', got, flush=True); time.sleep(1.5); p.release(got)\n"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harness.schemas import models, render, schema_dir
+from harness.model.schemas import models, render, schema_dir
 
 
 def test_schemas_are_up_to_date():

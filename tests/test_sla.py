@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from harness.counters import CounterDelta, HostDelta
-from harness.profile import SLA
-from harness.sla import judge
+from harness.model.counters import CounterDelta, HostDelta
+from harness.model.profile import SLA
+from harness.core.sla import judge
 
 
 def host(**kw) -> HostDelta:

@@ -77,9 +77,9 @@ def test_run_report_trials_gate_on_postgres(docker_client, pg_url, tmp_path):
     run_id = out["run_id"]
     assert [t["n"] for t in out["tasks"]] == [2, 2]
 
-    from harness.store import Store
+    from harness.store.store import Store
 
-    store = Store.open(pg_url, create=False)
+    store = Store.open(pg_url, mode="ro")
     assert store.engine.dialect.name == "postgresql"
     atts = store.attempts(run_id)
     assert len([a for a in atts if a.verdict == "clean"]) == 4

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.suite import Suite, SuiteError, builtin_suites, load_suite
+from harness.engine.suites import builtin_suites, load_suite
+from harness.model.errors import SuiteError
+from harness.model.suite import Suite
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path("tests/fixtures/suites")
@@ -78,35 +80,35 @@ def test_unknown_suite_name():
 
 
 def test_content_hash_is_stable_and_location_independent(tiny_copy, tmp_path):
-    original = load_suite(FIXTURES / "tiny").content_hash()
+    original = load_suite(FIXTURES / "tiny").content_hash
     copy = load_suite(tiny_copy)
-    assert copy.content_hash() == original
+    assert copy.content_hash == original
     # mtimes, modes and caches do not count
     os.utime(tiny_copy / "suite.toml", (1, 1))
     (tiny_copy / "Dockerfile").chmod(0o600)
     (tiny_copy / "__pycache__").mkdir()
     (tiny_copy / "__pycache__" / "x.pyc").write_bytes(b"junk")
-    assert load_suite(tiny_copy).content_hash() == original
+    assert load_suite(tiny_copy).content_hash == original
 
 
 @pytest.mark.parametrize("rel", ["suite.toml", "tasks/refund-one.toml", "sql/rows.sql", "sql/cancel-one.sql", "Dockerfile"])
 def test_content_hash_covers_every_input(tiny_copy, rel):
-    before = load_suite(tiny_copy).content_hash()
+    before = load_suite(tiny_copy).content_hash
     with open(tiny_copy / rel, "a") as f:
         f.write("\n-- changed\n" if rel.endswith(".sql") else "\n# changed\n")
-    assert load_suite(tiny_copy).content_hash() != before
+    assert load_suite(tiny_copy).content_hash != before
 
 
 def test_content_hash_covers_build_context(tiny_copy):
-    before = load_suite(tiny_copy).content_hash()
+    before = load_suite(tiny_copy).content_hash
     (tiny_copy / "agent.py").write_text("print('hi')\n")
-    assert load_suite(tiny_copy).content_hash() != before
+    assert load_suite(tiny_copy).content_hash != before
 
 
 def test_refunds_hash_is_a_sha256():
-    h = load_suite("refunds").content_hash()
+    h = load_suite("refunds").content_hash
     assert len(h) == 64 and int(h, 16) >= 0
-    assert h == load_suite("refunds").content_hash()
+    assert h == load_suite("refunds").content_hash
 
 
 # ---------------------------------------------------------------------------- errors

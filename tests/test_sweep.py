@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.profile import MiB, load_profile
-from harness.store import Store
-from harness.sweep import generosity, scale_profile
+from harness.engine.profiles import load_profile
+from harness.model.units import MiB
+from harness.store.store import Store
+from harness.core.sweep import generosity, scale_profile
 
 PROBE = str(Path(__file__).parent / "suites" / "probe")
 
@@ -59,7 +60,7 @@ def test_sweep_runs_each_envelope_with_the_same_seeds(docker_client, tmp_path):
     assert v["reference"] == "standard" and v["n_common"] == 2
     assert v["low"] <= v["delta_pass1"] <= v["high"]
     assert {"pass@1", "pass^2"} <= set(rows["tight"]["metrics"])
-    store = Store.open(url, create=False)
+    store = Store.open(url, mode="ro")
     runs = [store.get_run(p["run_id"]) for p in doc["profiles"]]
     assert {x.sweep_id for x in runs} == {doc["sweep_id"]}
     assert {x.profile for x in runs} == {"tight", "standard"}
@@ -70,7 +71,7 @@ def test_sweep_runs_each_envelope_with_the_same_seeds(docker_client, tmp_path):
 
 
 def test_headroom_scales_a_tasks_own_overrides_too():
-    from harness.profile import EnvelopeOverride
+    from harness.model.profile import EnvelopeOverride
 
     base = load_profile("standard")
     task_override = EnvelopeOverride(memory="256m", cpus=0.25, timeouts={"agent": 10})

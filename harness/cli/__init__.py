@@ -1,0 +1,21 @@
+"""The ``harness`` command line: thin typer commands, registered here explicitly.
+
+Parse, validate, call the engine or the report layer, print. No SQL and no Docker calls
+here; errors are mapped to exit codes in one place (``harness.cli.app.HarnessGroup``).
+"""
+
+from __future__ import annotations
+
+from harness.cli import inspect, report, run, sandbox
+from harness.cli.app import app
+
+for _module in (sandbox, run, report, inspect):
+    _module.register(app)
+
+
+def main() -> None:
+    """Console-script entry point (``harness``, ``python -m harness``)."""
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,331 @@
+"""``make bench``: ratios measured side by side in one run, each against its own baseline.
+
+Never an absolute time as a pass/fail: every figure is printed next to the baseline it is
+compared with, both measured here and now, interleaved so drift hits both equally.
+
+  1. per-attempt overhead: harness ``run_command`` (sandbox exec of a no-op) vs a bare
+     docker-py ``containers.run`` of the same image under the same envelope;
+  2. sampling cost: controller CPU spent by the monitor per attempt-second, as a share of one core;
+  3. run throughput: attempts/s of ``harness run`` (no-op agent, whole pipeline: setup,
+     agent, export, grade, judge, store) vs a per-trial ``docker-compose up / exec / down``
+     loop doing the same work, the way compose-based harnesses run trials;
+  4. estimator: suite metrics for 10^5 tasks x 100 trials vs a plain Python pass over the data;
+  5. report query: summarising one run in a SQLite store of 10^6 attempts vs a raw sqlite3
+     query of the same rows.
+
+Usage: python -m harness.cli.bench [--rounds N] [--json]   (``make bench``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+from harness.engine.command import run_command
+from harness.engine.profiles import load_profile
+from harness.engine.scheduler import CpuPool
+from harness.measure.monitor import Monitor
+from harness.sandbox.base import SandboxSpec
+from harness.sandbox.docker_sandbox import DockerBackend, DockerSandbox, connect
+from harness.sandbox.images import SANDBOX_IMAGE
+from harness.sandbox.owners import LABEL
+
+
+def _bare_run(client, prof, cpuset) -> None:
+    client.containers.run(
+        SANDBOX_IMAGE,
+        ["true"],
+        remove=True,
+        cpu_period=prof.cpu_period_us,
+        cpu_quota=prof.quota_us,
+        cpuset_cpus=",".join(map(str, cpuset)),
+        mem_limit=prof.memory,
+        memswap_limit=prof.memory,
+        pids_limit=prof.pids,
+        read_only=True,
+        tmpfs={p: f"size={s}" for p, s in prof.tmpfs.items()},
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        network_mode="none",
+        user=prof.user,
+        labels={LABEL: "1", "dev.harness.bench": "bare"},
+    )
+
+
+def bench_overhead(client, rounds: int) -> dict:
+    with CpuPool.for_host().leased(1) as cpuset:
+        return _overhead(client, load_profile("standard"), cpuset, rounds)
+
+
+def _overhead(client, prof, cpuset, rounds: int) -> dict:
+    harness_t, bare_t = [], []
+    # warm both paths once (image layers in page cache, SDK connection pool)
+    _bare_run(client, prof, cpuset)
+    backend = DockerBackend(client)
+    run_command(backend, SANDBOX_IMAGE, prof, cpuset, ["true"])
+    for i in range(rounds):
+        for name in ("bare", "harness") if i % 2 == 0 else ("harness", "bare"):
+            t0 = time.perf_counter()
+            if name == "bare":
+                _bare_run(client, prof, cpuset)
+                bare_t.append(time.perf_counter() - t0)
+            else:
+                r = run_command(backend, SANDBOX_IMAGE, prof, cpuset, ["true"])
+                assert r.kind == "ok", r.error
+                harness_t.append(time.perf_counter() - t0)
+    hm, bm = statistics.median(harness_t), statistics.median(bare_t)
+    return {
+        "name": "per-attempt overhead, no-op command",
+        "harness_median_s": round(hm, 4),
+        "baseline_median_s": round(bm, 4),
+        "baseline": "docker-py containers.run(remove=True), same image and envelope",
+        "ratio": round(hm / bm, 3),
+        "rounds": rounds,
+    }
+
+
+def bench_sampling(client, seconds: float = 5.0, hz: float = 5.0) -> dict:
+    with CpuPool.for_host().leased(1) as cpuset:
+        return _sampling(client, load_profile("standard"), cpuset, seconds, hz)
+
+
+def _sampling(client, prof, cpuset, seconds: float, hz: float) -> dict:
+    from harness.measure import host as hoststats
+
+    with DockerSandbox(client, SandboxSpec(image=SANDBOX_IMAGE, profile=prof, cpuset=cpuset)) as sb:
+        cg0 = sb.snapshot()
+        host0 = hoststats.read_host_snapshot(time.monotonic())
+        # baseline: the same process idling for the same time without a monitor
+        c0 = time.process_time()
+        time.sleep(seconds)
+        idle_cpu = time.process_time() - c0
+        mon = Monitor(sb._reader.read, cpuset, hz)
+        c0 = time.process_time()
+        mon.start(time.monotonic(), host0, cg0)
+        time.sleep(seconds)
+        mon.stop()
+        mon_cpu = time.process_time() - c0
+    per_sample_us = (mon_cpu - idle_cpu) / max(1, len(mon.samples)) * 1e6
+    share = (mon_cpu - idle_cpu) / seconds
+    return {
+        "name": f"sampling cost at {hz:g} Hz",
+        "samples": len(mon.samples),
+        "controller_cpu_per_attempt_second": round(share, 5),
+        "share_of_one_core_pct": round(100 * share, 3),
+        "per_sample_us": round(per_sample_us, 1),
+        "baseline": "same process idling without a monitor, same duration",
+    }
+
+
+NOOP_AGENT = "import os, sqlite3; sqlite3.connect(os.environ['HARNESS_STATE']).execute('select count(*) from log').fetchone()"
+
+
+def _noop_suite(root: Path) -> Path:
+    d = root / "noop"
+    (d / "tasks").mkdir(parents=True)
+    (d / "Dockerfile").write_text("ARG BASE=harness/sandbox:latest\nFROM ${BASE}\n")
+    (d / "schema.sql").write_text("CREATE TABLE log (id INTEGER PRIMARY KEY, note TEXT);\n")
+    (d / "suite.toml").write_text(
+        'name = "noop"\nimage = "harness/sandbox:latest"\n'
+        f"agent_cmd = [\"python3\", \"-c\", {json.dumps(NOOP_AGENT)}]\n"
+        'trials = 1\nk = [1]\nmax_reruns = 5\nstate_sql = ["schema.sql"]\n'
+    )
+    (d / "tasks" / "noop.toml").write_text(
+        'id = "noop"\ntitle = "no-op"\nprompt = "nothing"\nunchanged = ["log"]\n'
+        '[[expect]]\nname = "log"\nquery = "SELECT count(*) FROM log"\nrows = [[0]]\n'
+    )
+    return d
+
+
+COMPOSE = """services:
+  agent:
+    image: harness/sandbox:latest
+    command: ["sleep", "infinity"]
+    init: true
+    read_only: true
+    network_mode: none
+    cpus: 1.0
+    cpuset: "{cpuset}"
+    mem_limit: 512m
+    memswap_limit: 512m
+    pids_limit: 256
+    cap_drop: [ALL]
+    security_opt: [no-new-privileges]
+    tmpfs: ["/work:uid=10001,gid=10001", "/tmp"]
+    labels: {{dev.harness.bench: compose}}
+"""
+
+
+def bench_throughput(client, trials: int) -> dict:
+    """Attempts/s: harness run (whole pipeline) vs a docker-compose up/exec/down loop."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    compose = shutil.which("docker-compose")
+    # not leased: the harness run below leases the trial core itself (a lease here would make
+    # it wait for us); the compose loop runs after it on the same core
+    pool = CpuPool.for_host()
+    cpuset = pool.cpus[len(pool.reserved):][:1]
+    with tempfile.TemporaryDirectory(prefix="harness-bench-") as tmp:
+        root = Path(tmp)
+        suite = _noop_suite(root)
+        env = {**os.environ, "HARNESS_HOME": str(root / "home")}
+        t0 = time.perf_counter()
+        r = subprocess.run(
+            [sys.executable, "-m", "harness", "run", "--suite", str(suite), "--trials", str(trials), "--db", f"sqlite:///{root}/b.db", "--json"],
+            capture_output=True, text=True, env=env, cwd=root,
+        )
+        h_wall = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr[-500:])
+        attempts = json.loads(r.stdout)["attempts"]["total"]
+        out = {
+            "name": f"run throughput, {trials} no-op trials (setup + agent + export + grade + store)",
+            "harness_attempts_per_s": round(attempts / h_wall, 3),
+            "harness_wall_s": round(h_wall, 2),
+        }
+        if compose is None:
+            out["baseline"] = "docker-compose not installed (apt-get install docker-compose); no ratio"
+            return out
+        (root / "c").mkdir()
+        (root / "c" / "docker-compose.yml").write_text(COMPOSE.format(cpuset=",".join(map(str, cpuset))))
+        setup = "import sqlite3; sqlite3.connect('/work/state.db').executescript('CREATE TABLE log (id INTEGER PRIMARY KEY, note TEXT);')"
+        t0 = time.perf_counter()
+        for i in range(trials):
+            base = [compose, "-p", f"hb{os.getpid()}{i}", "-f", str(root / "c" / "docker-compose.yml")]
+            subprocess.run([*base, "up", "-d"], check=True, capture_output=True)
+            subprocess.run([*base, "exec", "-T", "agent", "python3", "-c", setup], check=True, capture_output=True)
+            subprocess.run([*base, "exec", "-T", "-e", "HARNESS_STATE=/work/state.db", "agent", "python3", "-c", NOOP_AGENT], check=True, capture_output=True)
+            subprocess.run([*base, "exec", "-T", "agent", "cat", "/work/state.db"], check=True, capture_output=True)
+            subprocess.run([*base, "down", "-t", "0"], check=True, capture_output=True)
+        c_wall = time.perf_counter() - t0
+        out.update(
+            compose_attempts_per_s=round(trials / c_wall, 3),
+            compose_wall_s=round(c_wall, 2),
+            baseline="docker-compose up -d / exec setup / exec agent / exec cat state / down, per trial, same image and limits",
+            ratio=round((attempts / h_wall) / (trials / c_wall), 2),
+        )
+        return out
+
+
+def bench_report_query(n_attempts: int = 1_000_000, run_attempts: int = 200) -> dict:
+    """Summarise one run inside a store of ``n_attempts`` attempts vs a raw sqlite3 query."""
+    import sqlite3
+    import tempfile
+
+    from harness.core.aggregate import summarize
+    from harness.store.orm import RunRow
+    from harness.store.store import Store
+
+    with tempfile.TemporaryDirectory(prefix="harness-bench-db-") as tmp:
+        path = Path(tmp) / "big.db"
+        store = Store.open(f"sqlite:///{path}")
+        runs = n_attempts // run_attempts
+        with store.session() as s:
+            for i in range(runs):
+                s.add(RunRow(id=f"run{i:06d}", suite="bench", suite_hash="x", image="i", profile="p", harness_version="0",
+                             trials=8, ks=[1, 2, 4, 8], max_reruns=3, task_ids=[f"t{j}" for j in range(run_attempts // 8)]))
+            s.commit()
+        con = sqlite3.connect(path)
+        rng = random.Random(0)
+        rows = []
+        for i in range(runs):
+            for j in range(run_attempts):
+                outcome = "pass" if rng.random() < 0.6 else "fail"
+                rows.append((f"run{i:06d}", f"t{j // 8}", j % 8, 1, j, "clean", outcome))
+            if len(rows) >= 200_000:
+                _insert(con, rows)
+                rows = []
+        _insert(con, rows)
+        con.commit()
+        target = f"run{runs // 2:06d}"
+        t0 = time.perf_counter()
+        s = summarize(store.get_run(target), store.attempts(target))
+        h = time.perf_counter() - t0
+        assert s["attempts"]["total"] == run_attempts
+        t0 = time.perf_counter()
+        con.execute("select task_id, slot, attempt_no, verdict, outcome, failure_kind, reasons from attempts where run_id = ?", (target,)).fetchall()
+        b = time.perf_counter() - t0
+        con.close()
+    return {
+        "name": f"report of one {run_attempts}-attempt run in a store of {n_attempts:,} attempts (SQLite)",
+        "harness_summary_s": round(h, 4),
+        "baseline_s": round(b, 5),
+        "baseline": "raw sqlite3 SELECT of the same run's attempt rows (indexed by run_id)",
+        "ratio": round(h / b, 1),
+    }
+
+
+_JSON_COLS = ("reasons", "rules", "grade_checks", "state_diff", "envelope", "envelope_applied", "counters", "host_counters")
+_EMPTY = ("[]", "[]", "[]", "{}", "{}", "{}", "{}", "{}")
+
+
+def _insert(con, rows) -> None:
+    """Bulk-insert minimal attempt rows (the columns the summary reads, defaults for the rest)."""
+    cols = ("run_id", "task_id", "slot", "attempt_no", "seed", "verdict", "outcome", *_JSON_COLS,
+            "cpuset", "image", "container", "artifacts", "concurrent", "terminated_cleanly", "timed_out", "wall_s")
+    marks = ",".join("?" * len(cols))
+    con.executemany(
+        f"insert into attempts ({', '.join(cols)}, started_at, finished_at) values ({marks}, datetime('now'), datetime('now'))",
+        [(*r, *_EMPTY, "", "", "", "", 1, 1, 0, 0.0) for r in rows],
+    )
+
+
+def bench_estimator(tasks: int = 100_000, trials: int = 100) -> dict:
+    from harness.core.estimator import TaskOutcomes, suite_metrics
+
+    rng = random.Random(0)
+    data = []
+    for i in range(tasks):
+        p = rng.random()
+        data.append(TaskOutcomes(task_id=f"t{i}", trials=[rng.random() < p for _ in range(trials)]))
+    t0 = time.perf_counter()
+    suite_metrics(data, [1, 4, 8])
+    est = time.perf_counter() - t0
+    # baseline: one pass over the same booleans computing the plain mean
+    t0 = time.perf_counter()
+    s = 0
+    for t in data:
+        s += sum(t.trials)
+    base = time.perf_counter() - t0
+    return {
+        "name": f"estimator, {tasks} tasks x {trials} trials, k in 1,4,8",
+        "estimator_s": round(est, 4),
+        "baseline_s": round(base, 4),
+        "baseline": "a plain Python sum over the same outcomes",
+        "ratio": round(est / base, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="harness.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "15")))
+    ap.add_argument("--trials", type=int, default=int(os.environ.get("BENCH_TRIALS", "20")), help="no-op trials for the throughput comparison")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    client = connect()
+    results = [
+        bench_overhead(client, args.rounds),
+        bench_sampling(client),
+        bench_throughput(client, args.trials),
+        bench_estimator(),
+        bench_report_query(),
+    ]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    for r in results:
+        print(f"== {r.pop('name')}")
+        for k, v in r.items():
+            print(f"   {k:38} {v}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""CLI commands that read the store: report, gate, compare.
+
+Thin: open the store read-only, load the run and its attempts, call ``harness.report``,
+print. Every figure is recomputed from the stored attempts on each call.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from harness.cli.app import DB_HELP, EXIT_FAIL, console, die, err
+from harness.model.attempt import AttemptRecord
+from harness.model.run import RunRecord
+
+
+class ReportFormat(str, Enum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+    html = "html"
+    junit = "junit"
+
+
+class CompareFormat(str, Enum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+
+
+def _store(db: str | None) -> Any:
+    from harness.store.store import Store
+
+    return Store.open(db, mode="ro")
+
+
+def _load(store: Any, run_ref: str) -> tuple[RunRecord, list[AttemptRecord]]:
+    """The run (id, unique prefix or `last`) and its attempts; unknown run -> exit 2."""
+    run = store.get_run(run_ref)
+    return run, store.attempts(run.id)
+
+
+def _print_rich(renderable: Any, out: Optional[Path]) -> None:
+    """Print to the terminal, or as plain wide text when piped or written to --out."""
+    if out is not None:
+        with out.open("w", encoding="utf-8") as f:
+            Console(file=f, width=160, color_system=None, soft_wrap=False).print(renderable)
+        return
+    if console.is_terminal:
+        console.print(renderable)
+    else:
+        Console(file=sys.stdout, width=160, color_system=None).print(renderable)
+
+
+def _emit(text: str, out: Optional[Path]) -> None:
+    if out is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        die(f"cannot write --out {out}: {e.strerror}; choose another path")
+
+
+def _check_out(out: Optional[Path]) -> None:
+    if out is not None and out.parent and not out.parent.exists():
+        die(f"--out {out}: directory {out.parent} does not exist; create it or choose another path")
+
+
+def report(
+    run: str = typer.Argument("last", help="Run id, a unique prefix of it, or `last`."),
+    fmt: ReportFormat = typer.Option(ReportFormat.table, "--format", "-f", help="table (terminal), json, markdown (PR comment), html (single file), junit (CI)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout."),
+    k: Optional[int] = typer.Option(None, "--k", help="The gate's k: junit fails a task whose pass^k < 1, and tasks sort by it. Default: the run's largest k."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+) -> None:
+    """Report one run, recomputed from its stored attempts (nothing cached).
+
+    Identity of the run; per-task ✓/✗ rows, worst first, with pass@1 and its
+    Wilson CI, pass^k and failure kinds; suite pass@1 / pass@k / pass^k with
+    cluster-bootstrap CIs beside the naive mean(p)^k; buckets; discarded
+    attempts by reason and task (selection-bias warning for a task discarded
+    far more than the rest); unmeasured slots; drift and overdispersion.
+
+    Examples:
+
+      harness report last
+
+      harness report 3f2a --format markdown > comment.md
+
+      harness report last --format html --out report.html
+
+      harness report last --format junit --k 4 --out junit.xml
+
+      harness report last --format json | jq '.suite.by_k'
+    """
+    from harness.report.build import build_report, check_k
+    from harness.report.render import render_html, render_junit, render_markdown, render_table
+
+    _check_out(out)
+    store = _store(db)
+    row, attempts = _load(store, run)
+    if k is not None:
+        problem = check_k(row, k)
+        if problem:
+            die(f"--k {k}: {problem}")
+    report_ = build_report(row, attempts, k=k)
+    data = report_.data()
+    if fmt is ReportFormat.table:
+        _print_rich(render_table(data), out)
+    elif fmt is ReportFormat.json:
+        _emit(json.dumps(data, indent=2, ensure_ascii=False), out)
+    elif fmt is ReportFormat.markdown:
+        _emit(render_markdown(data), out)
+    elif fmt is ReportFormat.html:
+        from harness.report.figures import figure_sections, head_html
+
+        _emit(render_html(data, extra_sections=figure_sections(data, attempts, _sweep_of(store, row)), head_html=head_html()), out)
+    else:
+        _emit(render_junit(data), out)
+    if out is not None:
+        err.print(f"wrote {fmt.value} report of run {row.id} to {out}", highlight=False)
+
+
+def _sweep_of(store: Any, row: RunRecord) -> dict[str, Any] | None:
+    """The sweep a run belongs to, summarised per envelope (for the score-vs-envelope figure)."""
+    if not row.sweep_id:
+        return None
+    from harness.core.sweep import generosity, profile_result, summarize_profile
+
+    results = [profile_result(r, store.attempts(r.id)) for r in store.runs_in_sweep(row.sweep_id)]
+    results.sort(key=lambda r: generosity(r.profile))
+    ks = list(row.ks)
+    return {"sweep_id": row.sweep_id, "ks": ks, "profiles": [summarize_profile(r, ks) for r in results]}
+
+
+def gate(
+    run: str = typer.Argument(..., help="Run id, a unique prefix of it, or `last`."),
+    require: list[str] = typer.Option([], "--require", "-r", help="Suite requirement METRIC OP VALUE, e.g. 'pass^4>=0.9' (repeatable)."),
+    per_task: list[str] = typer.Option([], "--per-task", help="CONDITION:SHARE, e.g. 'pass^4==1:0.9' = at least 90% of tasks reach pass^4 == 1 (repeatable)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Fail on any task that passed every trial in this run and no longer does."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+) -> None:
+    """Check a run against requirements; exit 0 if all hold, 1 if one fails.
+
+    METRIC OP VALUE: METRIC is pass@K or pass^K (pass@1 = single-try rate),
+    OP one of >= > <= < ==, VALUE in [0, 1]; K may be any k up to the run's trials (the
+    requirement is written into CI before the run, so it is not chosen after).
+    Suite figures average per-task estimates over tasks with at least K clean
+    trials. Unmeasured slots are never counted; a metric that cannot be
+    computed fails the gate. Usage errors (bad requirement, k not measured,
+    unknown run) exit 2.
+
+    Examples:
+
+      harness gate last --require 'pass^4>=0.9'
+
+      harness gate last --require 'pass@1>=0.8' --require 'pass^8>=0.5'
+
+      harness gate last --per-task 'pass^4==1:0.9'
+
+      harness gate last --baseline 3f2a --require 'pass^4>=0.9'
+    """
+    from harness.core.aggregate import task_outcomes
+    from harness.report.build import check_k
+    from harness.report.gate import check_baseline, check_per_task, check_requirement, parse_per_task, parse_requirement
+
+    if not require and not per_task and baseline is None:
+        die("nothing to check: pass --require 'pass^4>=0.9', --per-task 'pass^4==1:0.9' or --baseline RUN")
+    try:
+        reqs = [parse_requirement(r) for r in require]
+        pts = [(parse_per_task(p), p) for p in per_task]
+    except ValueError as e:
+        die(str(e))
+    store = _store(db)
+    row, attempts = _load(store, run)
+    for req in [*reqs, *(r for (r, _), _ in pts)]:
+        problem = check_k(row, req.k, fixed_only=False)
+        if problem:
+            die(f"requirement {req.text!r}: {problem}")
+    outs = task_outcomes(row, attempts)
+    checks = [check_requirement(r, outs) for r in reqs]
+    checks += [check_per_task(r, share, outs, text) for (r, share), text in pts]
+    notes: list[str] = []
+    if row.status != "complete":
+        notes.append(f"run {row.id} is {row.status}; judging the slots measured so far")
+    if baseline is not None:
+        brow, battempts = _load(store, baseline)
+        if brow.id == row.id:
+            die(f"--baseline {baseline} is run {row.id} itself; pass an earlier run")
+        if brow.suite != row.suite:
+            die(f"--baseline {brow.id} ran suite {brow.suite}, run {row.id} ran suite {row.suite}; a baseline must be a run of the same suite")
+        if brow.suite_hash != row.suite_hash:
+            notes.append(f"baseline {brow.id} ran suite {brow.suite} ({brow.suite_hash}), this run {row.suite} ({row.suite_hash}); tasks matched by id")
+        bouts = task_outcomes(brow, battempts)
+        checks.append(
+            check_baseline(bouts, outs, brow.id, marks={t.task_id: t.marks() for t in outs},
+                           base_marks={t.task_id: t.marks() for t in bouts})
+        )
+    failed = [c for c in checks if not c.ok]
+    if json_out:
+        print(json.dumps({"run_id": row.id, "ok": not failed, "checks": [c.as_dict() for c in checks], "notes": notes}, indent=2, ensure_ascii=False))
+    else:
+        for n in notes:
+            err.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
+        for c in checks:
+            mark = "[green]ok  [/]" if c.ok else "[bold red]FAIL[/]"
+            console.print(f"{mark} {escape(c.name)}: {escape(c.message)}", highlight=False, soft_wrap=True)
+            for d in c.details:
+                console.print(f"       {d}", highlight=False, soft_wrap=True, markup=False)
+        if failed:
+            console.print(f"[bold red]gate failed[/]: {len(failed)} of {len(checks)} check(s) unmet for run {row.id}", highlight=False)
+        else:
+            console.print(f"[bold green]gate passed[/]: {len(checks)} check(s) hold for run {row.id}", highlight=False)
+    if failed:
+        raise typer.Exit(EXIT_FAIL)
+
+
+def compare(
+    run_a: str = typer.Argument(..., help="Baseline run (id, unique prefix or `last`)."),
+    run_b: str = typer.Argument(..., help="Candidate run; deltas are B − A."),
+    allow_mismatch: bool = typer.Option(False, "--allow-mismatch", help="Compare even when the suite or profile differ."),
+    fmt: CompareFormat = typer.Option(CompareFormat.table, "--format", "-f", help="table, json or markdown."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+) -> None:
+    """Paired comparison of two runs on their common tasks (deltas B − A).
+
+    Per-task deltas, suite deltas with paired bootstrap CIs, the paired test
+    and its p-value, tasks only in A or B. Refuses (exit 2) when the suite
+    (name or hash) or the profile differ, saying what differs, unless
+    --allow-mismatch; other identity differences (image digest, agent,
+    harness version, host, cgroup version) are printed as warnings.
+
+    Examples:
+
+      harness compare 3f2a last
+
+      harness compare 3f2a 9c1d --format markdown > compare.md
+
+      harness compare base cand --allow-mismatch --format json
+    """
+    from harness.report.compare import build_comparison, identity_differences
+    from harness.report.render import render_comparison_markdown, render_comparison_table
+
+    store = _store(db)
+    a, att_a = _load(store, run_a)
+    b, att_b = _load(store, run_b)
+    if a.id == b.id:
+        die(f"run {a.id} compared with itself; pass two different runs")
+    if a.trials != b.trials:
+        err.print(
+            f"[yellow]warning:[/] runs have {a.trials} and {b.trials} trials per task; per-task rates are comparable, "
+            "pass^k intervals are not equally tight",
+            highlight=False,
+        )
+    blocking, _ = identity_differences(a, b)
+    if blocking and not allow_mismatch:
+        die(f"runs {a.id} and {b.id} are not comparable: " + "; ".join(blocking) + " -- pass --allow-mismatch to compare anyway")
+    try:
+        data = build_comparison(a, att_a, b, att_b)
+    except ValueError as e:
+        die(str(e))
+    if fmt is CompareFormat.json:
+        for w in data["identity"]["warnings"]:  # the table and markdown show them inline
+            err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+    elif fmt is CompareFormat.markdown:
+        sys.stdout.write(render_comparison_markdown(data))
+    else:
+        _print_rich(render_comparison_table(data), None)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(report)
+    app.command()(gate)
+    app.command()(compare)

@@ -1,0 +1,368 @@
+"""CLI commands that run suites and list what ran: run, suites, runs, sweep."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from harness.cli.app import DB_HELP, console, die, err, fmt3
+from harness.cli.progress import ProgressDisplay, sigterm_as_interrupt
+
+_fmt = fmt3
+
+
+def run(
+    suite: Optional[str] = typer.Option(None, "--suite", "-s", help="Built-in suite name (see `harness suites`) or path to a suite directory."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue an interrupted run (id, prefix or 'last'): fills only its missing slots."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Sandbox profile (default: the suite's)."),
+    trials: Optional[int] = typer.Option(None, "--trials", "-n", help="Trials per task (default: the suite's)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: all)."),
+    k: Optional[str] = typer.Option(None, "--k", help="k values to report, e.g. '1,2,4' (default: the suite's); each <= trials."),
+    seed: int = typer.Option(0, "--seed", help="Run seed; each slot's seed derives from it, the task and the trial index."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", "-j", help="At most this many attempts at once (can only lower what fits)."),
+    max_reruns: Optional[int] = typer.Option(None, "--max-reruns", help="Reruns per slot after discarded attempts (default: the suite's)."),
+    reserve_cores: Optional[int] = typer.Option(None, "--reserve-cores", help="Cores kept for the controller (default 1 when the machine has more than one)."),
+    agent_image: Optional[str] = typer.Option(None, "--agent-image", help="Run your agent's image instead of the suite's (build it FROM the suite image)."),
+    agent_cmd: Optional[str] = typer.Option(None, "--agent-cmd", help="Agent command line (shell-quoted), e.g. 'python3 /opt/my/agent.py'."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON summary document instead of tables."),
+    note: str = typer.Option("", "--note", help="Free text stored with the run."),
+) -> None:
+    """Run a suite: every task x trial slot in a fresh pinned container.
+
+    Each attempt is SLA-judged; discarded attempts are rerun (up to --max-reruns) and kept
+    as evidence; clean ones are graded by the state they leave. Everything is stored.
+
+    Examples:
+
+      harness run --suite refunds
+
+      harness run --suite refunds --profile tight --trials 4 --k 1,2,4 --tasks duplicate-charge,partial-line-item
+
+      harness run --suite ./my-suite --agent-image my/agent:dev --agent-cmd 'python3 /agent/main.py' --json
+
+      harness run --resume last      (after Ctrl-C or a crash: same seeds, same envelope, missing slots only)
+    """
+    from harness.core.aggregate import summarize
+    from harness.engine.runner import RunOptions, Runner
+
+    if (suite is None) == (resume is None):
+        die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
+    if resume is not None:
+        given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns, "--agent-image": agent_image, "--agent-cmd": agent_cmd}
+        clash = [k for k, v in given.items() if v is not None]
+        if clash:
+            die(f"--resume keeps the run's identity; {', '.join(clash)} cannot change it (start a new run instead)")
+    opts = RunOptions(
+        suite=suite or "",
+        profile=profile,
+        trials=trials,
+        tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
+        seed=seed,
+        concurrency=concurrency,
+        max_reruns=max_reruns,
+        reserve_cores=reserve_cores,
+        agent_image=agent_image,
+        agent_cmd=shlex.split(agent_cmd) if agent_cmd else None,
+        note=note,
+        ks=_parse_ks(k) if k else None,
+    )
+    if resume is not None:
+        runner = Runner.resume(resume, db=db, concurrency=concurrency, reserve_cores=reserve_cores)
+    else:
+        runner = Runner.plan(opts, db=db)
+    r = runner.run
+    if not json_out:
+        err.print(
+            f"run [bold]{r.id}[/]  suite {r.suite} ({len(r.task_ids)} tasks x {r.trials} trials)  profile {r.profile}  "
+            f"concurrency {r.concurrency}  max reruns {r.max_reruns}  image {r.image}",
+            highlight=False,
+        )
+    t0 = time.monotonic()
+    sigterm_as_interrupt()
+    with ProgressDisplay(len(r.task_ids) * r.trials, quiet=json_out) as display:
+        try:
+            runner.execute(events=display)
+        except KeyboardInterrupt:
+            err.print(f"\n[yellow]interrupted[/]: containers of run {r.id} removed; the run is marked interrupted "
+                      f"(continue it with `harness run --resume {r.id}`).")
+            raise typer.Exit(130)
+    wall = time.monotonic() - t0
+    summary = summarize(runner.store.get_run(r.id), runner.store.attempts(r.id))
+    summary["wall_s"] = round(wall, 1)
+    if json_out:
+        print(json.dumps(summary, indent=2))
+        return
+    print_summary(summary)
+    console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}   per-attempt: harness trials {r.id}[/]")
+
+
+def _parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        die(f"--k {text!r}: expected integers like 1,2,4")
+    if not ks:
+        die("--k needs at least one value")
+    return ks
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    """The per-task ✓/✗ rows and the suite metrics, worst tasks first."""
+    ks = [k for k in s["ks"]]
+    t = Table(title=f"{s['suite']} · profile {s['profile']} · {s['trials']} trials · run {s['run_id']}")
+    t.add_column("task")
+    t.add_column("trials", no_wrap=True)
+    t.add_column("c/n", justify="right")
+    t.add_column("pass@1", justify="right")
+    for k in ks:
+        if k > 1:
+            t.add_column(f"pass@{k}", justify="right")
+    for k in ks:
+        if k > 1:
+            t.add_column(f"pass^{k}", justify="right")
+    t.add_column("failures")
+    rows = sorted(s["tasks"], key=lambda x: (x["metrics"].get("pass@1") if x["metrics"].get("pass@1") is not None else -1, x["task"]))
+    for x in rows:
+        marks = x["marks"].replace("✓", "[green]✓[/]").replace("✗", "[red]✗[/]")
+        fk = ", ".join(f"{k} {v}" for k, v in sorted(x["failure_kinds"].items()))
+        if x["unmeasured"]:
+            fk = (fk + "; " if fk else "") + f"{len(x['unmeasured'])} unmeasured"
+        cells = [x["task"], marks, f"{x['c']}/{x['n']}", _fmt(x["metrics"].get("pass@1"))]
+        cells += [_fmt(x["metrics"].get(f"pass@{k}")) for k in ks if k > 1]
+        cells += [_fmt(x["metrics"].get(f"pass^{k}")) for k in ks if k > 1]
+        cells.append(fk)
+        t.add_row(*cells)
+    console.print(t)
+    m = s["metrics"]
+    parts = [f"pass@1 {_fmt(m.get('pass@1'))}"] + [f"pass@{k} {_fmt(m.get(f'pass@{k}'))}" for k in ks if k > 1]
+    parts += [f"pass^{k} {_fmt(m.get(f'pass^{k}'))}" for k in ks if k > 1]
+    console.print("[bold]suite[/] (mean over tasks): " + "   ".join(parts), highlight=False)
+    a = s["attempts"]
+    line = f"attempts {a['total']}: clean {a['clean']}, discarded {a['discarded']}"
+    if s["discard_reasons"]:
+        line += " (" + ", ".join(f"{k} {v}" for k, v in sorted(s["discard_reasons"].items())) + ")"
+    if s["unmeasured_slots"]:
+        line += f"; [yellow]{s['unmeasured_slots']} unmeasured slots (not scored)[/]"
+    console.print(line, highlight=False)
+    if s.get("excluded"):
+        for key, tasks in s["excluded"].items():
+            console.print(f"[yellow]{key}[/]: {len(tasks)} task(s) with fewer than k clean trials left out: {', '.join(tasks)}")
+
+
+def suites(
+    name: Optional[str] = typer.Argument(None, help="Show one suite's tasks."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """List the built-in suites, or the tasks of one suite (name or path).
+
+    Examples:
+
+      harness suites
+
+      harness suites refunds
+    """
+    from harness.engine.suites import builtin_suites, load_suite
+
+    if name is None:
+        ss = [load_suite(n) for n in builtin_suites()]
+        if json_out:
+            print(json.dumps([{"name": s.name, "description": s.description, "tasks": len(s.tasks), "image": s.image, "trials": s.trials, "k": s.k} for s in ss], indent=2))
+            return
+        t = Table(title="built-in suites")
+        for c in ("suite", "tasks", "trials", "k", "profile", "image", "description"):
+            t.add_column(c)
+        for s in ss:
+            t.add_row(s.name, str(len(s.tasks)), str(s.trials), ",".join(map(str, s.k)), s.profile, s.image, s.description)
+        console.print(t)
+        return
+    s = load_suite(name)
+    if json_out:
+        print(json.dumps({"name": s.name, "tasks": [{"id": t.id, "title": t.title, "tags": list(t.tags)} for t in s.tasks]}, indent=2))
+        return
+    t = Table(title=f"{s.name}: {s.description}")
+    for c in ("task", "title", "tags", "envelope override"):
+        t.add_column(c)
+    for task in s.tasks:
+        ov = task.envelope.model_dump(exclude_none=True) if task.envelope else {}
+        t.add_row(task.id, task.title, ",".join(task.tags), json.dumps(ov) if ov else "")
+    console.print(t)
+
+
+def runs(
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    limit: int = typer.Option(30, "--limit", help="Most recent N runs."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """List runs with their identity summary (suite hash, image, profile, cgroup version).
+
+    Example:  harness runs --limit 5
+    """
+    from harness.core.aggregate import summarize
+    from harness.store.store import Store
+
+    store = Store.open(db, mode="ro")
+    out = []
+    for r in store.runs(limit):
+        s = summarize(r, store.attempts(r.id))
+        out.append(
+            {
+                "run_id": r.id,
+                "created_at": r.created_at.isoformat(timespec="seconds"),
+                "status": r.status,
+                "suite": r.suite,
+                "profile": r.profile,
+                "tasks": len(r.task_ids),
+                "trials": r.trials,
+                "sweep_id": r.sweep_id,
+                "identity": s["identity"],
+                "metrics": s["metrics"],
+                "attempts": s["attempts"],
+                "unmeasured_slots": s["unmeasured_slots"],
+            }
+        )
+    if json_out:
+        print(json.dumps(out, indent=2))
+        return
+    t = Table(title="runs (newest first)")
+    for c in ("run", "created", "status", "suite", "profile", "tasks×n", "pass@1", "attempts (discarded)", "identity"):
+        t.add_column(c)
+    for o in out:
+        t.add_row(
+            o["run_id"],
+            o["created_at"].replace("T", " "),
+            o["status"],
+            o["suite"],
+            o["profile"],
+            f"{o['tasks']}×{o['trials']}",
+            _fmt(o["metrics"].get("pass@1")),
+            f"{o['attempts']['total']} ({o['attempts']['discarded']})",
+            f"{o['identity']['identity_hash']} cg{o['identity']['cgroup_version']}",
+        )
+    console.print(t)
+
+
+def sweep(
+    suite: str = typer.Option(..., "--suite", "-s", help="Suite name or path."),
+    profiles: Optional[str] = typer.Option(None, "--profiles", help="Comma-separated profiles, e.g. tight,standard,generous."),
+    headroom: Optional[str] = typer.Option(None, "--headroom", help="Instead of --profiles: factors like 1,1.5,2,3 scaling one profile's kill limits."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="With --headroom: the profile to scale (default: the suite's)."),
+    trials: Optional[int] = typer.Option(None, "--trials", "-n", help="Trials per task (default: the suite's)."),
+    k: Optional[str] = typer.Option(None, "--k", help="k values to report, e.g. '1,2,4' (default: the suite's); each <= trials."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: all)."),
+    seed: int = typer.Option(0, "--seed", help="Same seed for every envelope, so only the envelope changes."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", "-j", help="Lower the concurrency."),
+    max_reruns: Optional[int] = typer.Option(None, "--max-reruns", help="Reruns per slot (default: the suite's)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document."),
+) -> None:
+    """Run a suite under several envelopes and show how much the score moves with resources alone.
+
+    Same tasks, same seeds under each envelope: per envelope pass@1 and pass^k with CIs,
+    failure kinds, timeouts and OOM kills, discarded share, and the paired difference from
+    the most generous envelope. Each envelope is an ordinary run, linked by a sweep id.
+
+    Examples:
+
+      harness sweep --suite refunds --profiles tight,generous --trials 4 --k 1,2,4
+
+      harness sweep --suite refunds --profile tight --headroom 1,1.5,2,3 --trials 4 --k 1,2,4
+    """
+    from harness.core.sweep import generosity, paired_vs_reference, scale_profile, summarize_profile
+    from harness.engine.profiles import load_profile
+    from harness.engine.suites import load_suite
+    from harness.engine.sweep import run_sweep
+
+    if (profiles is None) == (headroom is None):
+        die("give --profiles P1,P2,... or --headroom F1,F2,... (one of them)")
+    try:
+        s = load_suite(suite)
+        plist: list[tuple[Any, str]] = []
+        if profiles is not None:
+            names = [p.strip() for p in profiles.split(",") if p.strip()]
+            if len(names) < 2:
+                die("--profiles needs at least two profiles to compare")
+            plist = [(load_profile(n), "") for n in names]
+        else:
+            try:
+                factors = [float(f) for f in headroom.split(",") if f.strip()]
+            except ValueError:
+                die(f"--headroom {headroom!r}: expected numbers like 1,1.5,2,3")
+            if len(factors) < 2 or any(f <= 0 for f in factors):
+                die("--headroom needs at least two positive factors")
+            base = load_profile(profile or s.profile)
+            plist = [scale_profile(base, f) for f in sorted(factors)]
+    except ValueError as e:
+        die(str(e))
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+
+    def started(prof: Any, runner: Any) -> None:
+        if not json_out:
+            err.print(f"[bold]{prof.name}[/]: run {runner.run.id} ({len(runner.run.task_ids)} tasks x {runner.run.trials} trials)", highlight=False)
+
+    sigterm_as_interrupt()
+    try:
+        sweep_id, results = run_sweep(
+            suite, plist, trials=trials, tasks=task_list, seed=seed, db=db, concurrency=concurrency, max_reruns=max_reruns, on_start=started,
+            ks=_parse_ks(k) if k else None,
+        )
+    except KeyboardInterrupt:
+        err.print("[yellow]sweep interrupted[/]; finished runs are stored, resume the last one with `harness run --resume last`")
+        raise typer.Exit(130)
+    ks = list(results[0].ks) if results else [1]
+    ref = max(results, key=lambda r: generosity(r.profile))
+    rows = []
+    for r in results:
+        d = summarize_profile(r, ks, seed=seed)
+        d["vs_reference"] = paired_vs_reference(r, ref, ks, seed=seed)
+        rows.append(d)
+    doc = {"sweep_id": sweep_id, "suite": s.name, "reference": ref.profile.name, "ks": ks, "profiles": rows}
+    if json_out:
+        print(json.dumps(doc, indent=2))
+        return
+    print_sweep(doc)
+
+
+def _ci(m: dict | None) -> str:
+    if not m or "estimate" not in m:
+        return "-"
+    return f"{m['estimate']:.3f} [{m['low']:.2f}, {m['high']:.2f}]"
+
+
+def print_sweep(doc: dict[str, Any]) -> None:
+    from harness.model.units import format_size
+
+    ks = [k for k in doc["ks"] if k > 1]
+    t = Table(title=f"sweep {doc['sweep_id']} · suite {doc['suite']} · reference (most generous): {doc['reference']}")
+    for c in ("profile", "cpus", "memory", "timeout", "pass@1 [95% CI]"):
+        t.add_column(c)
+    for k in ks:
+        t.add_column(f"pass^{k} [95% CI]")
+    for c in ("Δpass@1 vs ref [CI]", "p", "timeouts", "OOM", "discarded"):
+        t.add_column(c)
+    for r in doc["profiles"]:
+        e = r["envelope"]
+        v = r["vs_reference"]
+        delta = "—" if v is None else (f"{100 * v['delta_pass1']:+.1f} pts [{100 * v['low']:+.0f}, {100 * v['high']:+.0f}]" if "delta_pass1" in v else v.get("error", "-"))
+        p = "" if not v or "p_value" not in v else f"{v['p_value']:.3f}"
+        cells = [r["profile"], f"{e['cpus']:g}", format_size(e["memory"]), f"{e['agent_timeout_s']:g}s", _ci(r["metrics"].get("pass@1"))]
+        cells += [_ci(r["metrics"].get(f"pass^{k}")) for k in ks]
+        ds = r["discarded_share"]
+        cells += [delta, p, str(r["timeouts"]), str(r["oom_killed"]), "-" if ds is None else f"{100 * ds:.0f}%"]
+        t.add_row(*cells)
+    console.print(t)
+    for r in doc["profiles"]:
+        console.print(f"[dim]{r['profile']}: run {r['run_id']}{' — ' + r['note'] if r['note'] else ''}[/]", highlight=False)
+    console.print("[dim]Δ = this envelope minus the reference, paired per task (same tasks, same seeds); CI by cluster bootstrap over tasks.[/]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(run)
+    app.command()(suites)
+    app.command()(runs)
+    app.command()(sweep)

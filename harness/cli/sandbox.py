@@ -1,0 +1,242 @@
+"""CLI commands about the machine and the sandbox: doctor, sandbox exec, images build / list."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+import harness
+from harness.cli.app import EXIT_FAIL, EXIT_INFRA, console, die, err, images_app, pct, sandbox_app
+from harness.model.units import format_size
+
+
+# ----------------------------------------------------------------------------- doctor
+def doctor(json_out: bool = typer.Option(False, "--json", help="Machine-readable result.")) -> None:
+    """Check that this machine can run pinned trials; each problem comes with its fix.
+
+    Checks: engine answers and its version, cgroup version and driver, the counters of a
+    real container are readable, per-cgroup and host PSI, cores available for pinning,
+    images present.
+
+    Example:  harness doctor
+    """
+    from harness.engine.doctor import run_checks
+
+    checks = run_checks()
+    if json_out:
+        print(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        t = Table(title=f"harness {harness.__version__} doctor", show_lines=False)
+        t.add_column("check")
+        t.add_column("status")
+        t.add_column("detail / fix", overflow="fold")
+        for c in checks:
+            mark = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}[c.status]
+            t.add_row(c.name, mark, c.detail + (f"\n[bold]fix:[/] {c.fix}" if c.fix else ""))
+        console.print(t)
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(EXIT_FAIL)
+
+
+# ----------------------------------------------------------------------------- sandbox exec
+def sandbox_exec(
+    cmd: list[str] = typer.Argument(..., help="The command to run, after `--`."),
+    profile: str = typer.Option("standard", "--profile", "-p", help="Profile name (sandboxes/NAME.toml) or path."),
+    cpuset: Optional[str] = typer.Option(None, "--cpuset", help="Cores to pin to, e.g. '1' or '1-2' (default: leased from the free pool)."),
+    image: str = typer.Option("harness/sandbox:latest", "--image", help="Image to run."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Wall-clock seconds (default: the profile's agent timeout)."),
+    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the command (repeatable)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the whole record as JSON."),
+    samples: bool = typer.Option(False, "--samples", help="Include the saturation time series in --json output."),
+) -> None:
+    """Run one command as one attempt in a fresh pinned container and print its record.
+
+    The record: exit code, wall time, timed_out, cgroup counters, host contention, and the
+    envelope read back from the kernel.
+
+    Examples:
+
+      harness sandbox exec -- python3 -c "print('hi')"
+
+      harness sandbox exec --profile tight --cpuset 1 -- python3 -c "while True: pass"
+
+      harness sandbox exec --json --timeout 2 -- sleep 1000
+
+    Exit status: the command's own (137 after an OOM kill), 124 on timeout, 3 when the
+    sandbox could not run (engine error), 2 on a usage error.
+    """
+    from harness.engine.command import run_command
+    from harness.engine.profiles import load_profile
+    from harness.engine.scheduler import CpuPool, allowed_cpus, pin_process
+    from harness.sandbox.docker_sandbox import DockerBackend, connect
+
+    prof = load_profile(profile)
+    cpus = _parse_cpuset(cpuset) if cpuset else None
+    if cpus is not None:
+        bad = [c for c in cpus if c not in allowed_cpus()]
+        if bad:
+            die(f"--cpuset {cpuset}: cores {bad} do not exist here (available: {_fmt_cpus(allowed_cpus())})")
+        if len(cpus) < prof.cpus:
+            die(f"--cpuset {cpuset} has {len(cpus)} cores but profile {prof.name} asks for cpus = {prof.cpus}")
+        reserved = CpuPool.for_host().reserved
+        if set(cpus) & set(reserved):
+            err.print(
+                f"[yellow]warning:[/] --cpuset {cpuset} includes core(s) {sorted(set(cpus) & set(reserved))} reserved for the "
+                "controller and the engine; their work will show as foreign CPU",
+                highlight=False,
+            )
+        CpuPool(cpus=allowed_cpus()).lock_exact(cpus)  # wait for any run holding these cores
+    else:
+        cpus = CpuPool.for_host().lease(prof.cores)
+    others = set(allowed_cpus()) - set(cpus)
+    if others:  # keep this process off the trial's cores (it would count as foreign CPU)
+        pin_process(sorted(others))
+    envd = {}
+    for kv in env:
+        if "=" not in kv:
+            die(f"--env {kv!r}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        envd[k] = v
+    res = run_command(DockerBackend(connect()), image, prof, cpus, list(cmd), env=envd, timeout=timeout)
+    if json_out:
+        data = res.model_dump(mode="json", exclude=None if samples else {"samples"})
+        if not samples:
+            data["samples_count"] = len(res.samples)
+        print(json.dumps(data, indent=2))
+    else:
+        _print_attempt(res)
+    if res.kind == "infra_error":
+        raise typer.Exit(EXIT_INFRA)
+    if res.kind == "timeout":
+        raise typer.Exit(124)  # like timeout(1)
+    if res.exec is not None and res.exec.exit_code:
+        raise typer.Exit(res.exec.exit_code)  # the command's own status (137 after an OOM kill)
+
+
+def _parse_cpuset(s: str) -> list[int]:
+    out: list[int] = []
+    try:
+        for part in s.split(","):
+            if "-" in part:
+                a, b = part.split("-")
+                out.extend(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        die(f"--cpuset {s!r}: expected a list like '1' or '1-2,4'")
+    return sorted(set(out))
+
+
+def _fmt_cpus(c: list[int]) -> str:
+    return ",".join(map(str, c))
+
+
+def _print_attempt(res: Any) -> None:
+    ex = res.exec
+    color = {"ok": "green", "crashed": "red", "timeout": "yellow", "oom_killed": "magenta", "infra_error": "red"}[res.kind]
+    console.print(f"[bold {color}]{res.kind}[/]  image {res.image}  profile {res.profile}  cpuset {_fmt_cpus(res.cpuset)}")
+    if res.error:
+        console.print(f"[red]{res.error}[/]")
+        return
+    console.print(
+        f"exit {ex.exit_code}  wall {ex.wall_s:.2f}s  timed_out {ex.timed_out}  "
+        f"stdout {ex.stdout_bytes} B{' (truncated)' if ex.stdout_truncated else ''}  stderr {ex.stderr_bytes} B"
+    )
+    if ex.stdout.strip():
+        console.print("[dim]--- stdout (tail)[/]")
+        console.print(ex.stdout[-1500:].rstrip(), markup=False, highlight=False)
+    if ex.stderr.strip():
+        console.print("[dim]--- stderr (tail)[/]")
+        console.print(ex.stderr[-1500:].rstrip(), markup=False, highlight=False)
+    t = Table(title="counters (cgroup, over the command)", show_header=True)
+    t.add_column("counter")
+    t.add_column("value", justify="right")
+    c, h = res.counters, res.host
+    if c:
+        rows = [
+            ("cpu used", f"{c.cpu_usage_us / 1e6:.3f} s"),
+            ("throttled", f"{(c.throttled_us or 0) / 1e6:.3f} s ({pct(c.throttled_share)} of wall)"),
+            ("periods / throttled", f"{c.nr_periods} / {c.nr_throttled}"),
+            ("memory peak", format_size(c.memory_peak)),
+            ("memory limit hits", str(c.memory_limit_hits)),
+            ("oom kills", str(c.oom_kills)),
+            ("pids peak / limit hits", f"{c.pids_peak} / {c.pids_limit_hits}"),
+            ("psi cpu / mem / io some", f"{_us(c.psi_cpu_some_us)} / {_us(c.psi_memory_some_us)} / {_us(c.psi_io_some_us)}"),
+        ]
+        for r in rows:
+            t.add_row(*r)
+    if h:
+        t.add_row("foreign cpu on pinned cores", pct(h.foreign_cpu_share))
+        t.add_row("steal", pct(h.steal_share))
+        t.add_row("host psi cpu / mem / io", f"{pct(h.psi_cpu_some_share)} / {pct(h.psi_memory_some_share)} / {pct(h.psi_io_some_share)}")
+        t.add_row("host MemAvailable min", format_size(h.mem_available_min))
+    console.print(t)
+    e = res.envelope
+    if e is not None:
+        if e.ok:
+            a = e.applied
+            console.print(
+                f"[green]envelope applied[/]: quota {a.cpu_quota_us}/{a.cpu_period_us} us, cpuset {a.cpuset_cpus}, "
+                f"memory {format_size(a.memory_max)} (memsw {format_size(a.memsw_max)}), pids {a.pids_max}"
+            )
+        else:
+            console.print("[bold red]envelope_not_applied[/]: " + "; ".join(e.mismatches))
+
+
+def _us(v: int | None) -> str:
+    return "-" if v is None else f"{v / 1e6:.3f}s"
+
+
+# ----------------------------------------------------------------------------- images
+def images_build(
+    base: Optional[str] = typer.Option(
+        None, "--base", help="Build FROM this public image instead of the offline Debian base (needs a registry)."
+    ),
+    suite: list[str] = typer.Option([], "--suite", help="Also build this suite's image (default: all built-in suites)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even when the inputs are unchanged."),
+) -> None:
+    """Build harness/base offline, then harness/sandbox and the suite images FROM it.
+
+    The base comes from mmdebstrap with apt's configured sources (no registry). Any image
+    whose inputs (files, Dockerfile, base image) are unchanged is skipped.
+
+    Examples:
+
+      harness images build
+
+      harness images build --base python:3.11-slim-bookworm
+    """
+    from harness.engine.images import build_images
+
+    results = build_images(base=base, suites=suite or None, force=force, log=lambda m: err.print(m, highlight=False))
+    for r in results:
+        what = f"built in {r.seconds:.1f}s" if r.built else "up to date"
+        console.print(f"{r.tag:32} {what}  (inputs {r.inputs})", highlight=False)
+
+
+def images_list() -> None:
+    """Show the harness images present and their input hashes.
+
+    Example:  harness images list
+    """
+    from harness.sandbox.docker_sandbox import connect
+    from harness.sandbox.images import list_images
+
+    t = Table()
+    for col in ("image", "id", "size", "inputs"):
+        t.add_column(col)
+    for tag, short_id, size, inputs in list_images(connect()):
+        t.add_row(tag, short_id, format_size(size), inputs)
+    console.print(t)
+
+
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(doctor)
+    sandbox_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sandbox_exec)
+    images_app.command("build")(images_build)
+    images_app.command("list")(images_list)

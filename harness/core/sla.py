@@ -1,0 +1,109 @@
+"""The SLA judge: is an attempt clean, or did the infrastructure spoil it?
+
+Pure module. Every rule is data: name, scope, measured value, threshold, and whether it
+was breached. ``host`` rules mean the node broke its promise (discard and rerun the slot);
+``envelope`` rules mean the envelope itself starved the task (discard; a slot that keeps
+breaching ends unmeasured with a message that the envelope is too small for the task).
+"""
+
+from __future__ import annotations
+
+from harness.model.counters import CounterDelta, HostDelta
+from harness.model.profile import SLA
+from harness.model.sla import Judgement, RuleResult, Scope
+from harness.model.units import format_size
+
+HOST_RULES = (
+    "infra_error",
+    "controller_lost",
+    "envelope_not_applied",
+    "host_cpu_contention",
+    "host_steal",
+    "host_memory_pressure",
+    "host_io_pressure",
+    "host_memory_low",
+)
+ENVELOPE_RULES = ("cpu_throttled", "memory_pressure")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _max_rule(rule: str, scope: Scope, value: float | None, threshold: float | None, fmt=_pct, what: str = "") -> RuleResult | None:
+    if threshold is None:
+        return None
+    if value is None:
+        return RuleResult(rule=rule, scope=scope, value=None, threshold=threshold, breached=False, detail=f"{what} not measurable here")
+    breached = value > threshold
+    op = ">" if breached else "<="
+    return RuleResult(rule=rule, scope=scope, value=value, threshold=threshold, breached=breached, detail=f"{what} {fmt(value)} {op} {fmt(threshold)}")
+
+
+def judge(
+    sla: SLA,
+    host: HostDelta | None,
+    counters: CounterDelta | None,
+    envelope_mismatches: list[str] | None,
+    infra_error: str | None = None,
+) -> Judgement:
+    """Evaluate every rule of ``sla`` on one attempt's measurements."""
+    rules: list[RuleResult] = []
+    if infra_error:
+        rules.append(RuleResult(rule="infra_error", scope="host", value=1, threshold=0, breached=True, detail=infra_error[:300]))
+        return Judgement(verdict="discarded", rules=rules)
+    mism = envelope_mismatches or []
+    rules.append(
+        RuleResult(
+            rule="envelope_not_applied",
+            scope="host",
+            value=len(mism),
+            threshold=0,
+            breached=bool(mism),
+            detail="; ".join(mism) if mism else "limits read back equal the profile",
+        )
+    )
+    if host is not None:
+        contention = _max_rule("host_cpu_contention", "host", host.foreign_cpu_share, sla.foreign_cpu_share, what="foreign CPU on pinned cores")
+        if contention is not None:
+            ms = host.foreign_cpu_us / 1000
+            contention.detail += f" ({ms:.0f} ms)"
+            if contention.breached and ms < sla.foreign_cpu_min_ms:
+                contention.breached = False
+                contention.detail += f", below the {sla.foreign_cpu_min_ms:.0f} ms measurement floor"
+        cands = [
+            contention,
+            _max_rule("host_steal", "host", host.steal_share, sla.steal_share, what="steal"),
+            _max_rule("host_memory_pressure", "host", host.psi_memory_some_share, sla.host_memory_pressure, what="host memory PSI some"),
+            _max_rule("host_io_pressure", "host", host.psi_io_some_share, sla.host_io_pressure, what="host io PSI some"),
+        ]
+        rules += [r for r in cands if r is not None]
+        if sla.min_mem_available is not None and host.mem_available_min is not None:
+            low = host.mem_available_min < sla.min_mem_available
+            rules.append(
+                RuleResult(
+                    rule="host_memory_low",
+                    scope="host",
+                    value=host.mem_available_min,
+                    threshold=sla.min_mem_available,
+                    breached=low,
+                    detail=f"MemAvailable min {format_size(host.mem_available_min)} {'<' if low else '>='} {format_size(sla.min_mem_available)}",
+                )
+            )
+    if counters is not None:
+        r = _max_rule("cpu_throttled", "envelope", counters.throttled_share, sla.throttled_share, what="throttled share")
+        if r:
+            rules.append(r)
+        if sla.memory_pressure_events is not None:
+            r = _max_rule(
+                "memory_pressure",
+                "envelope",
+                counters.memory_limit_hits,
+                sla.memory_pressure_events,
+                fmt=lambda x: f"{x:.0f}",
+                what="memory limit hits",
+            )
+            if r:
+                rules.append(r)
+    verdict = "discarded" if any(r.breached for r in rules) else "clean"
+    return Judgement(verdict=verdict, rules=rules)

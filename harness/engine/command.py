@@ -1,0 +1,29 @@
+"""One command as one attempt (``harness sandbox exec``): a fresh sandbox, the command under
+the monitor, the record, the sandbox removed. Never raises for engine or workload failures:
+they are recorded as ``infra_error``."""
+
+from __future__ import annotations
+
+from harness.core.outcome import classify_command
+from harness.model.profile import Profile
+from harness.model.sandbox import AttemptResult
+from harness.sandbox.base import SandboxBackend, SandboxSpec
+
+
+def run_command(backend: SandboxBackend, image: str, profile: Profile, cpuset: list[int], cmd: list[str],
+                env: dict[str, str] | None = None, labels: dict[str, str] | None = None, timeout: float | None = None) -> AttemptResult:
+    """Run ``cmd`` in a fresh sandbox and return its record."""
+    sb = backend.sandbox(SandboxSpec(image=image, profile=profile, cpuset=cpuset, labels=labels or {}))
+    try:
+        try:
+            sb.start()
+        except Exception as e:
+            return AttemptResult(container=sb.name, image=image, profile=profile.name, cpuset=cpuset, kind="infra_error", error=str(e))
+        m = sb.measured_exec(cmd, timeout=timeout or profile.timeouts.agent, env=env)
+        return AttemptResult(
+            container=sb.name, image=image, profile=profile.name, cpuset=cpuset, exec=m.result,
+            kind=classify_command(m.result, m.counters.oom_kills if m.counters else None),
+            envelope=sb.envelope, counters=m.counters, host=m.host, samples=m.samples,
+        )
+    finally:
+        sb.remove()

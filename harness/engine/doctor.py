@@ -1,0 +1,104 @@
+"""``harness doctor``: can this machine run pinned trials? Each problem comes with its fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import harness
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+    fix: str = ""
+
+
+def run_checks() -> list[Check]:
+    from harness.engine.command import run_command
+    from harness.engine.profiles import load_profile
+    from harness.engine.scheduler import CpuPool, allowed_cpus, default_reserved
+    from harness.engine.suites import builtin_suites, load_suite
+    from harness.measure import host as hoststats
+    from harness.model.errors import EngineError
+    from harness.sandbox.docker_sandbox import DockerBackend, connect, image_present
+    from harness.sandbox.images import BASE_IMAGE, SANDBOX_IMAGE
+
+    out: list[Check] = [Check("harness", "ok", f"version {harness.__version__}")]
+    facts = hoststats.host_facts()
+    cgv = str(facts.get("cgroup_version", "?"))
+    out.append(
+        Check(
+            "cgroup",
+            "ok",
+            f"version {cgv}" + (" (v1 controllers with a cgroup2 mount: per-cgroup PSI via /sys/fs/cgroup/unified)" if "hybrid" in cgv else ""),
+        )
+    )
+    psi = all(Path(f"/proc/pressure/{r}").exists() for r in ("cpu", "memory", "io"))
+    out.append(
+        Check("host PSI", "ok" if psi else "warn", "/proc/pressure/{cpu,memory,io} readable" if psi else "no /proc/pressure",
+              "" if psi else "boot with psi=1 (CONFIG_PSI); host pressure rules are then skipped")
+    )
+    cpus = allowed_cpus()
+    res = default_reserved(cpus)
+    pool = CpuPool.for_host()
+    out.append(
+        Check(
+            "cores",
+            "ok" if pool.size >= 1 else "fail",
+            f"{len(cpus)} usable ({','.join(map(str, cpus))}); {res} reserved for the controller; "
+            f"{pool.size} for trials -> {pool.size} concurrent 1-core attempts",
+            "" if pool.size >= 1 else "run on a machine with at least 1 core to spare, or --reserve-cores 0",
+        )
+    )
+    try:
+        client = connect(timeout=15)
+    except EngineError as e:
+        out.append(Check("engine", "fail", str(e), "make engine   (installs docker.io and starts dockerd; needs root)"))
+        return out
+    v = client.version()
+    info = client.info()
+    out.append(Check("engine", "ok", f"Docker {v.get('Version')} (API {v.get('ApiVersion')}), storage {info.get('Driver')}"))
+    driver = info.get("CgroupDriver", "?")
+    out.append(Check("cgroup driver", "ok", f"{driver} (engine reports cgroup v{info.get('CgroupVersion', '?')})"))
+    missing = []
+    for img in [BASE_IMAGE, SANDBOX_IMAGE] + [load_suite(s).image for s in builtin_suites()]:
+        if not image_present(client, img):
+            missing.append(img)
+    out.append(
+        Check("images", "fail" if missing else "ok", f"missing: {', '.join(missing)}" if missing else "base, sandbox and suite images present",
+              "make images" if missing else "")
+    )
+    if SANDBOX_IMAGE not in missing:
+        prof = load_profile("standard")
+        with pool.leased(1) as lease:
+            r = run_command(DockerBackend(client), SANDBOX_IMAGE, prof, lease, ["python3", "-c", "sum(range(10**6))"], timeout=30)
+        if r.kind != "ok":
+            out.append(Check("counters", "fail", f"test container: {r.kind} {r.error or ''}", "see `harness sandbox exec -- true`"))
+        else:
+            c = r.counters
+            ok = c is not None and c.cpu_usage_us > 0
+            out.append(
+                Check(
+                    "counters",
+                    "ok" if ok else "fail",
+                    f"read from a real container: cpu {c.cpu_usage_us if c else '-'} us, memory peak "
+                    f"{c.memory_peak if c else '-'} B, pids peak {c.pids_peak if c else '-'}",
+                    "" if ok else "the container's cgroup could not be read; run as root on the Docker host",
+                )
+            )
+            cg_psi = c is not None and c.psi_cpu_some_us is not None
+            out.append(Check("cgroup PSI", "ok" if cg_psi else "warn", "per-cgroup pressure files readable" if cg_psi else "no per-cgroup PSI on this host",
+                             "" if cg_psi else "needs cgroup v2 (or a hybrid cgroup2 mount) with PSI; per-cgroup pressure is then not recorded"))
+            env = r.envelope
+            out.append(
+                Check(
+                    "envelope read-back",
+                    "ok" if env and env.ok else "fail",
+                    "quota, cpuset, memory+swap, pids read back equal the profile" if env and env.ok else "; ".join(env.mismatches if env else ["no cgroup"]),
+                    "" if env and env.ok else "the engine does not apply limits (rootless? no cgroup controllers delegated?)",
+                )
+            )
+    return out

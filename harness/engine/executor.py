@@ -1,0 +1,176 @@
+"""Executors: where attempts run. The driver (``harness.engine.runner``) owns the plan, the
+slot bookkeeping and the store; an executor only runs the attempts it is given and hands
+back what came of each, in completion order.
+
+Interface: :meth:`Executor.submit` work, :meth:`Executor.results` what finished,
+:meth:`Executor.stop` (no new attempt starts; those in flight finish or are interrupted).
+The local executor is a pool of worker threads on this machine's cores; a distributed one
+(Ray) implements the same three calls with remote tasks.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from harness.engine.scheduler import CpuPool, LeaseCancelled, pin_process
+
+
+@dataclass(frozen=True)
+class Work:
+    """One attempt to run: the slot (the driver's key), the cores it needs, and the callable
+    that runs it on a cpuset (it returns ``(result, removed, retry_remove)``)."""
+
+    key: Any
+    cores: int
+    run: Callable[[list[int]], tuple[Any, bool, Callable[[], bool] | None]]
+
+
+@dataclass(frozen=True)
+class Done:
+    """What came of one piece of work: its result, or why it never ran (``not_started``),
+    or the exception that escaped it (a controller bug: the driver stops the run)."""
+
+    key: Any
+    result: Any = None
+    not_started: bool = False
+    error: BaseException | None = None
+
+
+class Executor(ABC):
+    """Runs attempts; see the module docstring."""
+
+    @abstractmethod
+    def submit(self, work: Work) -> None: ...
+
+    @abstractmethod
+    def results(self, timeout: float) -> Done | None:
+        """The next finished piece of work, or None after ``timeout`` seconds."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Start nothing new; work waiting for cores comes back ``not_started``."""
+
+    @abstractmethod
+    def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the workers to end."""
+
+
+class LocalExecutor(Executor):
+    """``concurrency`` worker threads on this machine, each leasing exclusive cores from
+    ``pool`` per attempt. A sandbox whose removal failed keeps its cores leased (they are
+    quarantined) until a retry removes it; ``before_attempt`` runs in the worker before each
+    attempt (the driver waits there for an engine that went away)."""
+
+    def __init__(self, pool: CpuPool, concurrency: int, stop: threading.Event,
+                 before_attempt: Callable[[], None] | None = None, lease_timeout: float | None = None):
+        self.pool = pool
+        self.concurrency = concurrency
+        self._stop = stop
+        self._before = before_attempt
+        self._lease_timeout = lease_timeout
+        self._todo: "queue.Queue[Work | None]" = queue.Queue()
+        self._done: "queue.Queue[Done]" = queue.Queue()
+        self._quarantine: list[tuple[list[int], Callable[[], bool]]] = []
+        self._qlock = threading.Lock()
+        self._busy = 0
+        if pool.reserved:
+            pin_process(list(pool.reserved))  # before the workers start: they inherit it
+        self._threads = [threading.Thread(target=self._worker, name=f"harness-worker-{i}", daemon=True) for i in range(concurrency)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, work: Work) -> None:
+        self._todo.put(work)
+
+    def results(self, timeout: float) -> Done | None:
+        try:
+            return self._done.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        for _ in self._threads:
+            self._todo.put(None)
+
+    def close(self, timeout: float) -> None:
+        self.stop()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.retry_quarantined()
+
+    @property
+    def quarantined(self) -> list[list[int]]:
+        with self._qlock:
+            return [c for c, _ in self._quarantine]
+
+    def retry_quarantined(self) -> None:
+        """Retry the removals that failed; give back the cores of every sandbox now gone."""
+        with self._qlock:
+            items, self._quarantine = self._quarantine, []
+        keep = []
+        for cpuset, retry in items:
+            try:
+                gone = retry()
+            except Exception:
+                gone = False
+            if gone:
+                self.pool.release(cpuset)
+            else:
+                keep.append((cpuset, retry))
+        with self._qlock:
+            self._quarantine.extend(keep)
+
+    def _worker(self) -> None:
+        while True:
+            work = self._todo.get()
+            if work is None:
+                return
+            if self._stop.is_set():
+                self._done.put(Done(work.key, not_started=True))
+                continue
+            self._done.put(self._one(work))
+
+    def in_flight(self) -> int:
+        """Attempts running (or leasing cores) now."""
+        with self._qlock:
+            return self._busy
+
+    def _one(self, work: Work) -> Done:
+        with self._qlock:
+            self._busy += 1
+        try:
+            return self._attempt(work)
+        finally:
+            with self._qlock:
+                self._busy -= 1
+
+    def _attempt(self, work: Work) -> Done:
+        self.retry_quarantined()
+        try:
+            if self._before is not None:
+                self._before()
+            cpuset = self.pool.lease(work.cores, timeout=self._lease_timeout, stop=self._stop)
+        except LeaseCancelled:
+            return Done(work.key, not_started=True)
+        except BaseException as e:
+            return Done(work.key, error=e)
+        removed = True
+        retry = None
+        try:
+            result, removed, retry = work.run(cpuset)
+            return Done(work.key, result=result)
+        except BaseException as e:  # a bug in the controller: the driver stops the run, keeps the data
+            return Done(work.key, error=e)
+        finally:
+            if removed or retry is None:
+                self.pool.release(cpuset)
+            else:
+                with self._qlock:
+                    self._quarantine.append((cpuset, retry))

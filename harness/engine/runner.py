@@ -1,0 +1,469 @@
+"""``harness run``: the driver. Plans task x trial slots, hands attempts to an executor,
+judges what comes back, reruns discarded slots (bounded), and stores every record.
+
+    plan (validated before anything is written) -> executor (exclusive cores per attempt)
+      -> attempt pipeline (engine.pipeline) -> record -> store (one transaction each)
+      -> clean: slot done | discarded: rerun the slot, or unmeasured once its budget is spent
+
+The driver owns the slot bookkeeping and the store; workers only run attempts. An attempt
+that started has a claim in the store until its record lands, so ``--resume`` after a
+controller died records what it lost instead of silently repeating it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import harness
+from harness.core import outcome
+from harness.core.plan import Progress, SlotState, new_run_id, pending_slots, resolve_ks
+from harness.engine.events import EventSink, Fanout
+from harness.engine.executor import LocalExecutor, Work
+from harness.engine.pipeline import AttemptJob, AttemptPipeline
+from harness.engine.profiles import load_profile
+from harness.engine.scheduler import CpuPool
+from harness.engine.suites import load_suite
+from harness.measure import host as hoststats
+from harness.model.attempt import AttemptRecord
+from harness.model.errors import HarnessError, ProfileError, RunError, StoreLost
+from harness.model.profile import Profile
+from harness.model.run import RunRecord
+from harness.model.suite import Suite, Task
+from harness.model.units import utcnow
+from harness.sandbox.docker_sandbox import DockerBackend, connect, remove_all_live, retry_removals, sweep_containers
+from harness.sandbox.images import INPUTS_LABEL, SANDBOX_IMAGE, SUITE_LABEL, dockerfile_inputs, image_identity, image_labels
+from harness.sandbox.owners import controller_id, owner_dead
+from harness.store.store import Store, harness_home
+
+HEARTBEAT_S = 10.0  # how often the driver says it is alive
+HEARTBEAT_STALE_S = 60.0  # a controller silent this long is taken for dead by --resume
+ENGINE_WAIT_S = 120.0  # how long to wait for an engine that went away before going on
+
+
+@dataclass
+class RunOptions:
+    """Everything ``harness run`` can set; None means "the suite's default"."""
+
+    suite: str
+    profile: str | None = None
+    trials: int | None = None
+    tasks: list[str] | None = None
+    seed: int = 0
+    concurrency: int | None = None
+    max_reruns: int | None = None
+    reserve_cores: int | None = None
+    agent_image: str | None = None
+    agent_cmd: list[str] | None = None
+    sweep_id: str | None = None
+    note: str = ""
+    profile_obj: Profile | None = None  # an in-memory profile (sweeps); wins over `profile`
+    ks: list[int] | None = None  # k values to report; default the suite's
+
+
+def _max_cores(profile: Profile, tasks: list[Task]) -> int:
+    """The largest cpuset any task's effective envelope needs (validating each override)."""
+    return max(profile.with_override(t.envelope).cores for t in tasks)
+
+
+def stale_image_reason(client: Any, suite: Suite) -> str | None:
+    """Why the suite's image no longer matches the suite's image inputs (None when it does,
+    or when the image was not built by harness and carries no inputs label). Tasks and
+    fixtures are not image inputs: they reach every attempt at run time."""
+    labels = image_labels(client, suite.image)
+    if labels is None:
+        return None
+    built = labels.get(INPUTS_LABEL)
+    if not built or labels.get(SUITE_LABEL) != suite.name or not suite.dockerfile_path.is_file():
+        return None  # not built by harness from this suite: nothing to compare
+    now = dockerfile_inputs(client, suite.root, suite.dockerfile, SANDBOX_IMAGE, suite.image_files)
+    if now == built:
+        return None
+    return (
+        f"image {suite.image} was built from other files than suite {suite.name} has now ({built} != {now}); "
+        f"rebuild it with `harness images build --suite {suite.root}` so the run measures what the suite says"
+    )
+
+
+def wait_for_engine(ping: Any, timeout: float, stop: threading.Event | None = None) -> bool:
+    """Block until ``ping()`` is true (an engine back after a restart), up to ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while time.monotonic() < deadline:
+        if stop is not None and stop.is_set():
+            return False
+        if ping():
+            return True
+        time.sleep(delay)
+        delay = min(2.0, delay * 1.5)
+    return False
+
+
+class Runner:
+    """Executes one run. Build with :meth:`plan` or :meth:`resume`; call :meth:`execute`."""
+
+    def __init__(self, store: Store, run: RunRecord, suite: Suite, profile: Profile, tasks: list[Task], client: Any, pool: CpuPool,
+                 resuming: bool = False, claimed_from: str = ""):
+        self.store = store
+        self.run = run
+        self.suite = suite
+        self.profile = profile
+        self.tasks = {t.id: t for t in tasks}
+        self.client = client
+        self.backend = DockerBackend(client, inputs_root=harness_home() / "inputs")
+        self.pool = pool
+        self.artifacts = Path(run.artifacts_dir)
+        self._resuming = resuming
+        self._claimed_from = claimed_from
+        self._stop = threading.Event()
+        self._interrupted = threading.Event()  # set by interrupt() only, not by controller errors
+        self._engine_down = threading.Event()
+        self._unsaved: list[AttemptRecord] = []
+        self._count_lock = threading.Lock()
+        self._in_flight = 0
+        self._n_unsaved = 0
+        self.unsaved_path: Path | None = None
+
+    # -- planning --------------------------------------------------------------
+    @classmethod
+    def plan(cls, opts: RunOptions, db: str | None = None, client: Any = None, store: Store | None = None) -> "Runner":
+        """Validate everything (suite, profile, envelope vs cores, image present) before the
+        store is opened, so bad input writes nothing; then open the store and build the run."""
+        suite = load_suite(opts.suite)
+        try:
+            profile = opts.profile_obj or load_profile(opts.profile or suite.profile)
+        except ProfileError as e:
+            if opts.profile_obj or opts.profile:
+                raise
+            raise ProfileError(f"{suite.root / 'suite.toml'}: profile: {e}") from None
+        trials = opts.trials if opts.trials is not None else suite.trials
+        if trials < 1:
+            raise RunError(f"--trials must be at least 1 (got {trials})")
+        ks = resolve_ks(opts.ks, list(suite.k), trials, suite.name)
+        max_reruns = opts.max_reruns if opts.max_reruns is not None else suite.max_reruns
+        if max_reruns < 0:
+            raise RunError("--max-reruns must be >= 0")
+        by_id = {t.id: t for t in suite.tasks}
+        if opts.tasks:
+            unknown = [t for t in opts.tasks if t not in by_id]
+            if unknown:
+                raise RunError(f"suite {suite.name} has no task {', '.join(unknown)}; see `harness suites {suite.name}`")
+            tasks = [by_id[t] for t in dict.fromkeys(opts.tasks)]  # a repeated id runs once
+        else:
+            tasks = list(suite.tasks)
+        pool = CpuPool.for_host(reserve=opts.reserve_cores)
+        # every task's envelope is validated (and must fit) before anything is written
+        concurrency = pool.concurrency(_max_cores(profile, tasks), opts.concurrency)
+        client = client or connect()
+        image = opts.agent_image or suite.image
+        _, digest = image_identity(client, image)
+        if not opts.agent_image:
+            stale = stale_image_reason(client, suite)
+            if stale:
+                raise RunError(stale)
+        facts = hoststats.host_facts()
+        store = store or Store.open(db)
+        run_id = new_run_id()
+        fields = dict(
+            id=run_id, created_at=utcnow(), status="running", suite=suite.name, suite_hash=suite.content_hash,
+            suite_path=str(suite.root), image=image, image_digest=digest, agent_cmd=list(opts.agent_cmd or suite.agent_cmd),
+            profile=profile.name, profile_json=profile.model_dump(mode="json"), harness_version=harness.__version__,
+            host=facts, cgroup_version=str(facts.get("cgroup_version", "")), trials=trials, ks=ks, max_reruns=max_reruns,
+            seed=opts.seed, concurrency=concurrency, task_ids=[t.id for t in tasks], sweep_id=opts.sweep_id,
+            artifacts_dir=str((store.artifacts_root() / run_id).resolve()), note=opts.note,
+        )
+        run = RunRecord(**fields)
+        run = run.model_copy(update={"identity_hash": run.identity.hash()})
+        return cls(store, run, suite, profile, tasks, client, pool)
+
+    @classmethod
+    def resume(cls, run_id: str, db: str | None = None, client: Any = None, concurrency: int | None = None,
+               reserve_cores: int | None = None) -> "Runner":
+        """Pick up a run whose controller died or was interrupted: the same suite (by content
+        hash), the same envelope (the stored profile), the same seeds. Slots with a clean
+        attempt, or whose rerun budget is spent, are left alone; the others continue with
+        the next attempt number, so no slot is filled twice."""
+        store = Store.open(db)
+        run = store.get_run(run_id)
+        if run.status == "complete":
+            raise RunError(f"run {run.id} is complete; nothing to resume")
+        if run.status == "running":
+            _refuse_live_owner(run)
+        try:
+            suite = load_suite(run.suite_path or run.suite)
+        except HarnessError as e:
+            raise RunError(f"run {run.id}: cannot load its suite from {run.suite_path}: {e}") from None
+        if suite.content_hash != run.suite_hash:
+            raise RunError(
+                f"run {run.id}: suite {suite.name} changed since the run started (hash {suite.content_hash[:12]} != "
+                f"{run.suite_hash[:12]}); resuming would mix two suites in one run — start a new run"
+            )
+        profile = Profile.model_validate(run.profile_json)
+        by_id = {t.id: t for t in suite.tasks}
+        tasks = [by_id[t] for t in run.task_ids]
+        pool = CpuPool.for_host(reserve=reserve_cores)
+        client = client or connect()
+        _, digest = image_identity(client, run.image)
+        if digest != run.image_digest:
+            raise RunError(f"run {run.id}: image {run.image} changed since the run started ({digest[:19]} != {run.image_digest[:19]}); start a new run")
+        run_conc = pool.concurrency(_max_cores(profile, tasks), concurrency if concurrency is not None else run.concurrency)
+        facts = hoststats.host_facts()
+        now = {"harness_version": harness.__version__, "cgroup_version": str(facts.get("cgroup_version", ""))}
+        differs = [f"{k} {getattr(run, k)} -> {v}" for k, v in now.items() if str(getattr(run, k)) != v]
+        if differs:
+            raise RunError(
+                f"run {run.id} was started under another identity ({'; '.join(differs)}); resuming would "
+                "mix two environments in one run — start a new run"
+            )
+        run = run.model_copy(update={"concurrency": run_conc})
+        return cls(store, run, suite, profile, tasks, client, pool, resuming=True, claimed_from=run.controller or "")
+
+    # -- execution -------------------------------------------------------------
+    def execute(self, events: EventSink | None = None) -> Progress:
+        """Run every slot to a clean attempt or to unmeasured. Ctrl-C (or SIGTERM) removes
+        the run's containers and marks the run interrupted (resumable with ``--resume``)."""
+        sink = Fanout([events] if events else [])
+        me = controller_id()
+        if self._resuming:
+            if not self.store.claim_run(self.run.id, self._claimed_from, me):
+                raise RunError(f"run {self.run.id} was just claimed by another controller; not resuming it twice")
+            self.store.update_run(self.run.id, concurrency=self.run.concurrency)
+            self._record_lost_attempts()
+        else:
+            self.run = self.run.model_copy(update={"controller": me, "heartbeat_at": utcnow()})
+            self.store.add_run(self.run)
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        # containers and input folders of a dead controller are leftovers: remove them before leasing cores
+        self.backend.sweep_dead_owners()
+        pend = pending_slots(self.store.attempts(self.run.id), list(self.run.task_ids), self.run.trials, self.run.max_reruns, self.run.seed)
+        prog = pend.progress
+        sink.run_started(self.run, prog)
+        executor = LocalExecutor(self.pool, self.run.concurrency, self._stop, before_attempt=self._engine_gate)
+        pipeline = AttemptPipeline(self.backend, sink, self._stop)
+        self._executor = executor
+        outstanding = 0
+        for st in pend.slots:
+            executor.submit(self._work(st, pipeline, prog))
+            outstanding += 1
+        error: BaseException | None = None
+        beat = time.monotonic()
+        try:
+            while outstanding:
+                done = executor.results(timeout=0.2)
+                if time.monotonic() - beat > HEARTBEAT_S:
+                    beat = time.monotonic()
+                    self.store.heartbeat(self.run.id)
+                if done is None:
+                    continue
+                outstanding -= 1
+                if done.error is not None:
+                    error = error or done.error
+                    self._stop.set()
+                    executor.stop()
+                    continue
+                if done.not_started:
+                    continue
+                st, rec = done.key, done.result
+                rec = self._settle(st, rec)
+                self._store(rec)
+                prog.attempts += 1
+                if rec.verdict == "clean":
+                    if rec.outcome == "pass":
+                        prog.passed += 1
+                    else:
+                        prog.failed += 1
+                else:
+                    prog.discarded += 1
+                    if "infra_error" in rec.reasons:
+                        self._engine_down.set()  # the next attempt waits for the engine first
+                    if self._stop.is_set():
+                        pass
+                    elif st.budget_used > self.run.max_reruns:
+                        prog.unmeasured += 1
+                    else:
+                        executor.submit(self._work(st, pipeline, prog))
+                        outstanding += 1
+                sink.attempt_finished(rec, prog)
+        except KeyboardInterrupt:
+            self._on_interrupt(executor, sink, prog, outstanding)
+            raise
+        except StoreLost as e:
+            self._abort_store_lost(executor)
+            kept = f"; {self._n_unsaved} record(s) it could not store are in {self.unsaved_path}" if self._n_unsaved else ""
+            raise StoreLost(f"{e}; run {self.run.id} stopped and its containers were removed{kept}") from None
+        executor.close(timeout=30)
+        self.backend.sweep_run(self.run.id)
+        retry_removals()
+        status = "failed" if error is not None else "complete"
+        self.store.set_run_status(self.run.id, status)
+        sink.run_finished(self.store.get_run(self.run.id), prog)
+        if error is not None:
+            raise error
+        return prog
+
+    def _work(self, st: SlotState, pipeline: AttemptPipeline, prog: Progress) -> Work:
+        """The next attempt of slot ``st`` (numbered and charged now, in the driver)."""
+        st.attempts += 1
+        st.budget_used += 1
+        task = self.tasks[st.task_id]
+        profile = self.profile.with_override(task.envelope)
+        attempt_no = st.attempts
+        me = controller_id()
+
+        def run(cpuset: list[int]) -> tuple[AttemptRecord, bool, Any]:
+            with self._count_lock:
+                self._in_flight += 1
+                beside = self._in_flight
+            try:
+                self.store.claim_attempt(self.run.id, st.task_id, st.slot, attempt_no, st.seed, me)
+                job = AttemptJob(run=self.run, suite=self.suite, task=task, profile=profile, slot=st.slot, attempt_no=attempt_no,
+                                 seed=st.seed, cpuset=cpuset, concurrent=beside,
+                                 artifacts=self.artifacts / st.task_id / f"slot{st.slot}-attempt{attempt_no}")
+                pipeline.events.attempt_started(self.run.id, st.task_id, st.slot, attempt_no, cpuset)
+                out = pipeline.run(job)
+                return out.record, out.removed, out.retry_remove
+            finally:
+                with self._count_lock:
+                    self._in_flight -= 1
+
+        return Work(key=st, cores=profile.cores, run=run)
+
+    def _settle(self, st: SlotState, rec: AttemptRecord) -> AttemptRecord:
+        """Outcome policy applied by the driver: interrupted attempts are not charged; the
+        attempt that spends a slot's budget says so."""
+        if self._interrupted.is_set() and rec.verdict == "discarded":
+            st.budget_used -= 1
+            return outcome.interrupted(rec)
+        if rec.verdict == "discarded" and st.budget_used > self.run.max_reruns:
+            note = outcome.unmeasured_note(rec, st.budget_used, self.run.max_reruns, st.task_id)
+            return rec.model_copy(update={"error": (rec.error + "; " if rec.error else "") + note})
+        return rec
+
+    def _store(self, rec: AttemptRecord) -> None:
+        try:
+            self.store.add_attempt(rec)
+        except StoreLost:
+            self._unsaved.append(rec)
+            raise
+
+    def _engine_gate(self) -> None:
+        """Before an attempt: if the engine went away, wait for it, then remove what could not be removed."""
+        if not self._engine_down.is_set():
+            return
+        if wait_for_engine(self.backend.ping, ENGINE_WAIT_S, self._stop):
+            self._engine_down.clear()
+            self.backend.sweep_run(self.run.id)
+            retry_removals()
+
+    def _record_lost_attempts(self) -> None:
+        """Claims left by a controller that died while their attempts ran become
+        ``controller_lost`` attempts (charged), so nothing that ran goes unrecorded."""
+        now = utcnow()
+        for c in self.store.orphan_claims(self.run.id):
+            rec = outcome.controller_lost(self.run.id, c["task_id"], c["slot"], c["attempt_no"], c["seed"] or 0,
+                                          c["controller"] or "?", c["started_at"], now)
+            self.store.add_attempt(rec)
+
+    def _on_interrupt(self, executor: LocalExecutor, sink: Fanout, prog: Progress, outstanding: int) -> None:
+        # a second Ctrl-C must not cut the clean-up short
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.interrupt()
+            # let in-flight attempts land in the store (as `interrupted`) before exiting
+            deadline = time.monotonic() + 15
+            while outstanding and time.monotonic() < deadline:
+                done = executor.results(timeout=0.2)
+                if done is None:
+                    continue
+                outstanding -= 1
+                if done.result is not None:
+                    rec = self._settle(done.key, done.result)
+                    try:
+                        self._store(rec)
+                    except StoreLost:
+                        break
+                    sink.attempt_finished(rec, prog)
+            executor.close(timeout=5)
+        finally:
+            signal.signal(signal.SIGINT, old)
+            self._write_unsaved()
+
+    def interrupt(self) -> None:
+        """Stop scheduling, remove this run's containers now, mark the run interrupted."""
+        self._interrupted.set()
+        self._stop.set()
+        ex = getattr(self, "_executor", None)
+        if ex is not None:
+            ex.stop()
+        remove_all_live()
+        try:
+            sweep_containers(self.client, run_id=self.run.id)
+        except Exception:
+            pass
+        try:
+            self.store.set_run_status(self.run.id, "interrupted")
+        except StoreLost:
+            pass
+
+    def _abort_store_lost(self, executor: LocalExecutor) -> None:
+        """The store went away under the run: stop, remove the containers, keep the records."""
+        self._stop.set()
+        executor.stop()
+        remove_all_live()
+        try:
+            sweep_containers(self.client, run_id=self.run.id)
+        except Exception:
+            pass
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            done = executor.results(timeout=0.2)
+            if done is None:
+                if executor.in_flight() == 0:
+                    break
+                continue
+            if done.result is not None:
+                self._unsaved.append(done.result)
+        executor.close(timeout=5)
+        self._write_unsaved()
+
+    def _write_unsaved(self) -> None:
+        """Records the store could not take are kept beside the run's artifacts (JSON lines)."""
+        if not self._unsaved:
+            return
+        path = self.artifacts / "unsaved-attempts.jsonl"
+        with path.open("a", encoding="utf-8") as f:
+            for rec in self._unsaved:
+                f.write(json.dumps(rec.model_dump(mode="json")) + "\n")
+        self._n_unsaved += len(self._unsaved)
+        self._unsaved.clear()
+        self.unsaved_path = path
+
+
+def controller_gone(run: RunRecord) -> bool:
+    """Is the controller of a run marked running gone? Judged by its pid when it ran in this
+    pid namespace on this host, else by its heartbeat (silent for HEARTBEAT_STALE_S)."""
+    dead = owner_dead(run.controller or "")
+    if dead is not None:
+        return dead
+    if run.heartbeat_at is None:
+        return True  # an older harness wrote no heartbeat: nothing says it is alive
+    return (utcnow() - run.heartbeat_at).total_seconds() >= HEARTBEAT_STALE_S
+
+
+def _refuse_live_owner(run: RunRecord) -> None:
+    """A run marked running may still have a controller: refuse to run it twice."""
+    if controller_gone(run):
+        return
+    owner = run.controller or ""
+    if owner_dead(owner) is False:
+        raise RunError(f"run {run.id} is still being run by process {owner.rpartition(':')[2]}; stop it first (Ctrl-C) or wait")
+    age = (utcnow() - run.heartbeat_at).total_seconds() if run.heartbeat_at else 0.0
+    raise RunError(
+        f"run {run.id} is being run by {owner} (another host or pid namespace; its last heartbeat was "
+        f"{age:.0f} s ago); resume it once that controller stopped (a run silent for {HEARTBEAT_STALE_S:.0f} s is taken for dead)"
+    )

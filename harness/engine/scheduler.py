@@ -1,0 +1,284 @@
+"""Exclusive cpuset leases: never two attempts on one core, cores reserved for the controller.
+
+The pool is built from the CPUs this process may use (``os.sched_getaffinity``) minus the
+reserved ones; each attempt leases ``cores`` of them and gives them back when its container
+is gone. Leases are also exclusive *across processes*: each leased core holds an ``flock``
+on ``$HARNESS_LOCK_DIR/cpu<N>.lock`` (default in the temp dir), so two ``harness run`` on
+one machine queue for cores instead of sharing them. The kernel drops the lock when a
+process dies, so a killed controller never leaves a core locked.
+
+The lock folder is shared by every user of the machine, so it is opened with care: never
+through a symlink, lock files never followed, hard-linked or chmod-ed unless this process
+just created them. A wait for cores polls, so it ends on a timeout or when the run stops.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from harness.model.errors import LeaseTimeout, SchedulerError
+
+POLL_S = 0.05
+
+
+class LeaseCancelled(Exception):
+    """The run stopped while this lease was waiting for cores."""
+
+
+def lock_dir() -> Path:
+    """Where the per-core lock files live ($HARNESS_LOCK_DIR, default <tmp>/harness-cpu-locks)."""
+    return Path(os.environ.get("HARNESS_LOCK_DIR", Path(tempfile.gettempdir()) / "harness-cpu-locks"))
+
+
+def _open_lock_dir(d: Path) -> int:
+    """An fd of the lock folder: created world-writable and sticky (like /tmp) when missing,
+    refused when it is a symlink or not a directory, chmod-ed only when it is ours."""
+    try:
+        os.mkdir(d, 0o1777)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise SchedulerError(f"cannot create the core-lock folder {d}: {e.strerror}; set HARNESS_LOCK_DIR to a folder you can write") from None
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        what = "is a symlink" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
+        raise SchedulerError(f"the core-lock folder {d} {what}; remove it or set HARNESS_LOCK_DIR") from None
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid():
+        os.fchmod(fd, 0o1777)  # through the fd: the folder itself, never what a path points to
+    elif st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        os.close(fd)
+        raise SchedulerError(f"the core-lock folder {d} is world-writable without the sticky bit and not yours; "
+                             "remove it or set HARNESS_LOCK_DIR")
+    return fd
+
+
+def _open_lock_file(dir_fd: int, d: Path, name: str) -> int:
+    """An fd of one core's lock file, never through a symlink or a hard link."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=dir_fd)
+        os.fchmod(fd, 0o666)  # ours, just made: the umask must not lock other users out
+        return fd
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise SchedulerError(f"cannot create the core lock {d / name}: {e.strerror}; set HARNESS_LOCK_DIR to a folder you can write") from None
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as e:
+        what = "is a symlink" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
+        raise SchedulerError(f"the core lock {d / name} {what}; remove it or set HARNESS_LOCK_DIR") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise SchedulerError(f"the core lock {d / name} is not a plain file (a hard link or a device); remove it or set HARNESS_LOCK_DIR")
+    return fd
+
+
+def allowed_cpus() -> list[int]:
+    """CPUs this process may run on (honours taskset / container cpusets)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def default_reserved(cpus: list[int]) -> int:
+    """Cores kept for the controller and the host: 1 when the machine has more than one."""
+    return 1 if len(cpus) > 1 else 0
+
+
+def pin_process(cpus: list[int]) -> None:
+    """Keep every thread of this process (the progress display's, the SDK's, the monitors')
+    on ``cpus``, so none of them shows up as foreign CPU on a trial's cores. Threads started
+    later inherit the mask of the thread that starts them."""
+    if not cpus:
+        return
+    mask = set(cpus)
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, mask)
+        except OSError:  # a thread that just ended
+            pass
+
+
+@dataclass
+class CpuPool:
+    """A pool of cores leased exclusively to concurrent attempts."""
+
+    cpus: list[int]
+    reserved: list[int] = field(default_factory=list)
+
+    cross_process: bool = True
+
+    def __post_init__(self) -> None:
+        self._free = [c for c in self.cpus if c not in self.reserved]
+        self._leased: set[int] = set()
+        self._fds: dict[int, int] = {}
+        self._cv = threading.Condition()
+        self.peak_in_use = 0
+
+    @classmethod
+    def for_host(cls, reserve: int | None = None, cpus: list[int] | None = None) -> "CpuPool":
+        cpus = cpus if cpus is not None else allowed_cpus()
+        n = default_reserved(cpus) if reserve is None else reserve
+        if n < 0 or n >= len(cpus):
+            raise SchedulerError(
+                f"cannot reserve {n} of {len(cpus)} cores for the controller: at least one core must be left for trials"
+            )
+        return cls(cpus=cpus, reserved=cpus[:n])
+
+    @property
+    def size(self) -> int:
+        return len(self.cpus) - len(self.reserved)
+
+    def capacity(self, cores: int) -> int:
+        """How many attempts of ``cores`` cores fit at once."""
+        return self.size // cores
+
+    def concurrency(self, cores: int, requested: int | None = None) -> int:
+        """Concurrency = what fits; a requested value can only lower it."""
+        fit = self.capacity(cores)
+        if fit < 1:
+            raise SchedulerError(
+                f"the envelope needs {cores} exclusive cores but only {self.size} are available for trials "
+                f"({len(self.cpus)} on this machine, {len(self.reserved)} reserved); lower `cores` or --reserve-cores"
+            )
+        if requested is None:
+            return fit
+        if requested < 1:
+            raise SchedulerError("--concurrency must be at least 1")
+        return min(fit, requested)
+
+    def lease(self, cores: int, timeout: float | None = None, stop: threading.Event | None = None) -> list[int]:
+        """Wait until ``cores`` free cores exist here and no other controller holds them, and
+        lease them (lowest numbers first). Raises :class:`LeaseTimeout` after ``timeout``
+        seconds and :class:`LeaseCancelled` once ``stop`` is set."""
+        if cores > self.size:
+            raise SchedulerError(f"the envelope needs {cores} cores; only {self.size} are available for trials")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            got = self._take_local(cores, deadline, stop)
+            if not self.cross_process:
+                return got
+            try:
+                if self._lock_cores(got):
+                    return got
+            except BaseException:
+                self._give_back(got)
+                raise
+            # another controller holds one of them: give ours back to this process and retry
+            self._give_back(got)
+            self._wait(deadline, stop, POLL_S * 4)
+
+    def _wait(self, deadline: float | None, stop: threading.Event | None, seconds: float) -> None:
+        if stop is not None and stop.is_set():
+            raise LeaseCancelled("the run stopped while waiting for cores")
+        if deadline is not None and time.monotonic() >= deadline:
+            raise LeaseTimeout("no free cores within the lease timeout (another controller holds them?); "
+                               "wait for it, or lower --concurrency")
+        time.sleep(seconds)
+
+    def _take_local(self, cores: int, deadline: float | None, stop: threading.Event | None) -> list[int]:
+        with self._cv:
+            while len(self._free) < cores:
+                if stop is not None and stop.is_set():
+                    raise LeaseCancelled("the run stopped while waiting for cores")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise LeaseTimeout(f"no {cores} free core(s) within the lease timeout")
+                self._cv.wait(timeout=0.2 if left is None else min(0.2, left))
+            got = sorted(self._free)[:cores]
+            for c in got:
+                self._free.remove(c)
+                self._leased.add(c)
+            self.peak_in_use = max(self.peak_in_use, len(self._leased))
+            return got
+
+    def _give_back(self, got: list[int]) -> None:
+        self._unlock(got)
+        with self._cv:
+            for c in got:
+                self._leased.discard(c)
+                if c not in self._free:
+                    self._free.append(c)
+            self._cv.notify_all()
+
+    @contextmanager
+    def leased(self, cores: int, timeout: float | None = None) -> Iterator[list[int]]:
+        """``with pool.leased(1) as cpuset:`` — a lease given back however the block ends."""
+        got = self.lease(cores, timeout=timeout)
+        try:
+            yield got
+        finally:
+            self.release(got)
+
+    def _lock_cores(self, cores: list[int]) -> bool:
+        """Take the flock of every core without waiting; False (nothing held) if one is taken.
+        flock is per open file, so two pools in one process also exclude each other."""
+        d = lock_dir()
+        dir_fd = _open_lock_dir(d)
+        taken: list[int] = []
+        try:
+            for c in sorted(cores):
+                fd = _open_lock_file(dir_fd, d, f"cpu{c}.lock")
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    self._unlock(taken)
+                    return False
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fds[c] = fd
+                taken.append(c)
+            return True
+        except BaseException:
+            self._unlock(taken)
+            raise
+        finally:
+            os.close(dir_fd)
+
+    def _unlock(self, cores: list[int]) -> None:
+        for c in cores:
+            fd = self._fds.pop(c, None)
+            if fd is not None:
+                os.close(fd)  # closing drops the flock
+
+    def lock_exact(self, cores: list[int], timeout: float | None = None, stop: threading.Event | None = None) -> None:
+        """Take the cross-process locks of specific cores (``sandbox exec --cpuset``), waiting
+        for any controller that holds them. Released by :meth:`unlock_exact`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._lock_cores(cores):
+            self._wait(deadline, stop, POLL_S * 4)
+
+    def unlock_exact(self, cores: list[int]) -> None:
+        self._unlock(cores)
+
+    def release(self, got: list[int]) -> None:
+        self._unlock(got)
+        with self._cv:
+            for c in got:
+                if c not in self._leased:
+                    raise RuntimeError(f"core {c} released but not leased")
+                self._leased.discard(c)
+                self._free.append(c)
+            self._cv.notify_all()
+
+    def in_use(self) -> int:
+        with self._cv:
+            return len(self._leased)

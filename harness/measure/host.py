@@ -1,0 +1,177 @@
+"""Host-side contention signals: per-CPU busy time, steal, host PSI, MemAvailable.
+
+Pure parsers (:func:`parse_proc_stat`, :func:`parse_meminfo`, PSI via
+:func:`harness.cgroup.parse_psi`) plus readers that take ``proc_root`` (and
+``sys_root`` for :func:`host_facts`) so tests can point them at recorded trees under
+``tests/fixtures/proc/``.
+
+Busy time per CPU is user + nice + system + irq + softirq. The kernel already counts
+guest time inside user (and guest_nice inside nice), so guest columns are not added
+again; idle, iowait and steal are not busy. Total is the sum of the first eight columns
+(user..steal). /proc/stat counts in USER_HZ ticks (``os.sysconf('SC_CLK_TCK')``, 100 on
+Linux), so these values have 10 ms granularity, unlike the cgroup's ns/µs counters.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from typing import NamedTuple
+
+from harness.measure.cgroup import detect_cgroup_version, parse_psi
+from harness.model.counters import PSI, HostSnapshot
+
+__all__ = [
+    "CpuTimes",
+    "host_facts",
+    "mem_available",
+    "parse_cpuinfo_model",
+    "parse_meminfo",
+    "parse_proc_stat",
+    "read_host_snapshot",
+]
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class CpuTimes(NamedTuple):
+    """Per-CPU busy and total time, and steal summed over CPUs, all in microseconds."""
+
+    busy_us: dict[int, int]
+    total_us: dict[int, int]
+    steal_us: int
+
+
+def _read(path: str) -> str | None:
+    """A small /proc file's text, or None if absent (or refused, e.g. PSI disabled by psi=0)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, 1 << 20).decode()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def parse_proc_stat(text: str, clk_tck: int = _CLK_TCK) -> CpuTimes:
+    """Per-CPU times from ``/proc/stat`` (``cpuN user nice system idle iowait irq softirq steal guest guest_nice``).
+
+    Offline CPUs have no line and are absent from the result. Older kernels print fewer
+    columns; missing ones count as 0.
+    """
+    busy: dict[int, int] = {}
+    total: dict[int, int] = {}
+    steal = 0
+    for line in text.splitlines():
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        parts = line.split()
+        try:
+            cpu = int(parts[0][3:])
+        except ValueError:
+            continue
+        v = [int(x) for x in parts[1:9]] + [0] * max(0, 8 - len(parts[1:9]))
+        user, nice, system, idle, iowait, irq, softirq, st = v
+        busy[cpu] = (user + nice + system + irq + softirq) * 1_000_000 // clk_tck
+        total[cpu] = (user + nice + system + idle + iowait + irq + softirq + st) * 1_000_000 // clk_tck
+        steal += st
+    if not busy:
+        raise ValueError("no per-CPU 'cpuN' lines in /proc/stat text")
+    return CpuTimes(busy, total, steal * 1_000_000 // clk_tck)
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` as ``{key: value}``; ``kB`` values converted to bytes, unitless ones kept."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        if not sep:
+            continue
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            n = int(parts[0])
+        except ValueError:
+            continue
+        out[key.strip()] = n * 1024 if len(parts) > 1 and parts[1] == "kB" else n
+    return out
+
+
+def mem_available(meminfo: dict[str, int]) -> int:
+    """MemAvailable in bytes; before Linux 3.14 estimated as MemFree + Buffers + Cached."""
+    if "MemAvailable" in meminfo:
+        return meminfo["MemAvailable"]
+    try:
+        return meminfo["MemFree"] + meminfo.get("Buffers", 0) + meminfo.get("Cached", 0)
+    except KeyError:
+        raise ValueError("meminfo has neither MemAvailable nor MemFree") from None
+
+
+def _psi(proc_root: str, resource: str) -> PSI | None:
+    text = _read(os.path.join(proc_root, "pressure", resource))
+    return parse_psi(text) if text else None
+
+
+def read_host_snapshot(t: float, proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK) -> HostSnapshot:
+    """Host contention counters at monotonic time ``t`` (PSI files absent -> None)."""
+    proc_root = str(proc_root)
+    stat = _read(os.path.join(proc_root, "stat"))
+    meminfo = _read(os.path.join(proc_root, "meminfo"))
+    if stat is None or meminfo is None:
+        raise FileNotFoundError(f"{proc_root}/stat or {proc_root}/meminfo missing: proc_root is not a mounted /proc")
+    cpu = parse_proc_stat(stat, clk_tck)
+    return HostSnapshot(
+        t=t,
+        cpu_busy_us=cpu.busy_us,
+        cpu_total_us=cpu.total_us,
+        steal_us=cpu.steal_us,
+        psi_cpu=_psi(proc_root, "cpu"),
+        psi_memory=_psi(proc_root, "memory"),
+        psi_io=_psi(proc_root, "io"),
+        mem_available=mem_available(parse_meminfo(meminfo)),
+    )
+
+
+def parse_cpuinfo_model(text: str) -> str | None:
+    """CPU model from ``/proc/cpuinfo`` ("model name" on x86, "Hardware"/"cpu model" elsewhere)."""
+    keys = ("model name", "Hardware", "cpu model", "Processor", "cpu")
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, val = line.partition(":")
+        key = key.strip()
+        if sep and key in keys and key not in found and val.strip():
+            found[key] = val.strip()
+    return next((found[k] for k in keys if k in found), None)
+
+
+def host_facts(proc_root: str | os.PathLike = "/proc", sys_root: str | os.PathLike = "/") -> dict:
+    """Facts for a run's identity.
+
+    Keys: ``kernel`` (release), ``cpu_model``, ``logical_cpus`` (online, from
+    /proc/stat), ``memory_total`` (bytes), ``cgroup_version`` (``"2"``,
+    ``"1 (hybrid)"`` or ``"1"``), ``psi`` (bool: /proc/pressure readable), ``hostname``.
+    """
+    proc_root = str(proc_root)
+    j = os.path.join
+    kernel = (_read(j(proc_root, "sys/kernel/osrelease")) or platform.release()).strip()
+    hostname = (_read(j(proc_root, "sys/kernel/hostname")) or socket.gethostname()).strip()
+    model = parse_cpuinfo_model(_read(j(proc_root, "cpuinfo")) or "") or platform.processor() or "unknown"
+    stat = _read(j(proc_root, "stat"))
+    cpus = len(parse_proc_stat(stat).busy_us) if stat else (os.cpu_count() or 0)
+    meminfo = parse_meminfo(_read(j(proc_root, "meminfo")) or "")
+    psi_text = _read(j(proc_root, "pressure", "cpu"))
+    return {
+        "kernel": kernel,
+        "cpu_model": model,
+        "logical_cpus": cpus,
+        "memory_total": meminfo.get("MemTotal"),
+        "cgroup_version": detect_cgroup_version(sys_root),
+        "psi": bool(psi_text and parse_psi(psi_text) is not None),
+        "hostname": hostname,
+    }
+

@@ -1,0 +1,74 @@
+"""The monitor: samples a sandbox's cgroup and the host's counters in a background thread
+(the saturation log). Cheap by design: a handful of small file reads per sample, no engine
+API calls. A read error never ends it silently: it is counted and the last one kept."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from harness.measure import host as hoststats
+from harness.model.counters import CgroupSnapshot, HostSnapshot, Sample
+
+
+class Monitor:
+    """Samples the cgroup and host counters in a background thread (the saturation log).
+
+    Cheap by design: a handful of small file reads per sample, no Docker API calls. A sample
+    that cannot be read is counted in ``errors`` (with ``last_error``); sampling goes on."""
+
+    def __init__(self, reader: Callable[[float], CgroupSnapshot], pinned: list[int], hz: float):
+        self._reader = reader
+        self._pinned = pinned
+        self._interval = 1.0 / hz
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="harness-monitor", daemon=True)
+        self.samples: list[Sample] = []
+        self.mem_available_min: int | None = None
+        self.pids_peak: int | None = None
+        self.t0 = time.monotonic()
+        self._host0: HostSnapshot | None = None
+        self._cg0: CgroupSnapshot | None = None
+        self.errors = 0  # samples lost to a read error (the thread goes on)
+        self.last_error: str | None = None
+
+    def start(self, t0: float, host0: HostSnapshot, cg0: CgroupSnapshot) -> None:
+        self.t0, self._host0, self._cg0 = t0, host0, cg0
+        self._thread.start()
+
+    def _sample(self) -> None:
+        t = time.monotonic()
+        cg = self._reader(t)  # an error here (the cgroup going away) is counted by _loop
+        host = hoststats.read_host_snapshot(t)
+        busy = sum(host.cpu_busy_us.get(c, 0) - self._host0.cpu_busy_us.get(c, 0) for c in self._pinned)
+        foreign = max(0, busy - (cg.cpu_usage_us - self._cg0.cpu_usage_us))
+        self.samples.append(
+            Sample(
+                t=round(t - self.t0, 4),
+                cpu_usage_us=cg.cpu_usage_us,
+                throttled_us=cg.throttled_us,
+                nr_throttled=cg.nr_throttled,
+                memory_current=cg.memory_current,
+                pids_current=cg.pids_current,
+                foreign_cpu_us=foreign,
+                host_mem_available=host.mem_available,
+            )
+        )
+        if self.mem_available_min is None or host.mem_available < self.mem_available_min:
+            self.mem_available_min = host.mem_available
+        if cg.pids_current is not None and (self.pids_peak is None or cg.pids_current > self.pids_peak):
+            self.pids_peak = cg.pids_current
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._sample()
+            except Exception as e:  # a bad read (host file, parse) costs one sample, never the log
+                self.errors += 1
+                self.last_error = f"{type(e).__name__}: {str(e)[:200]}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)

@@ -1,0 +1,61 @@
+"""Per-task outcomes of a run: the one type the estimator, reports, gates and sweeps share.
+
+Built from stored attempts by ``harness.core.aggregate``: only the clean attempt of each
+slot counts, in trial order; an unmeasured slot is listed, never scored.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+SlotStatus = Literal["pass", "fail", "unmeasured", "pending"]
+MARKS = {"pass": "✓", "fail": "✗", "unmeasured": "·", "pending": "?"}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskOutcomes(_Model):
+    """The clean outcomes of one task in one run, in trial (slot) order."""
+
+    task_id: str = Field(min_length=1, description="Task id within the suite.")
+    trials: list[StrictBool] = Field(
+        default_factory=list,
+        description="Outcome of the clean attempt of each measured slot, in trial-index order: "
+        "true = pass, false = fail. Unmeasured slots and discarded attempts are not included; "
+        "an empty list means the task is unmeasured.",
+    )
+
+    slots: list[SlotStatus] = Field(
+        default_factory=list,
+        description="Status of every slot in trial order (pass, fail, unmeasured: rerun budget spent without a "
+        "clean attempt, pending: not finished); empty when only the clean outcomes are known.",
+    )
+    failure_kinds: dict[str, int] = Field(default_factory=dict, description="Failure kind -> clean failing trials.")
+
+    @property
+    def n(self) -> int:
+        """Number of clean trials."""
+        return len(self.trials)
+
+    @property
+    def c(self) -> int:
+        """Number of passing clean trials."""
+        return sum(self.trials)
+
+    def marks(self) -> str:
+        """✓ pass, ✗ fail, · unmeasured, ? not run yet: one mark per slot in trial order."""
+        return "".join(MARKS[s] for s in self.slots)
+
+    @property
+    def unmeasured(self) -> list[int]:
+        """Slots whose rerun budget was spent without a clean attempt."""
+        return [i for i, s in enumerate(self.slots) if s == "unmeasured"]
+
+    @property
+    def pending(self) -> list[int]:
+        """Slots not finished (never run, or cut short by an interruption)."""
+        return [i for i, s in enumerate(self.slots) if s == "pending"]

@@ -1,0 +1,173 @@
+"""The report of one run: every figure ``harness report`` shows, recomputed from the stored
+attempts. ``--format json`` prints this model (fields with ``@`` or ``^`` in their JSON name,
+such as ``pass@1``, are aliases); the other formats render it. Only the clean attempt of
+each slot is scored; unmeasured slots are listed, never counted.
+
+Estimand: a suite interval is a percentile cluster bootstrap over tasks, i.e. about the
+population of tasks like these; a per-task interval (Wilson) is about that task's trials.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.model.estimates import Buckets, DriftResult, OverdispersionResult
+from harness.model.run import RunIdentity
+
+REPORT_SCHEMA = "harness.report/1"
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class RunInfo(_M):
+    id: str = Field(..., description="Run id.")
+    status: str = Field(..., description="running, complete, interrupted or failed.")
+    created_at: str | None = Field(None, description="ISO time the run was planned (UTC).")
+    finished_at: str | None = Field(None, description="ISO time it last stopped (UTC).")
+    seed: int = Field(0, description="Run seed (slot seeds derive from it).")
+    concurrency: int = Field(1, description="Attempts at once.")
+    max_reruns: int | None = Field(None, description="Reruns of a discarded slot before it ends unmeasured.")
+    sweep_id: str | None = Field(None, description="The sweep this run belongs to.")
+    note: str = Field("", description="Free text given at run time.")
+
+
+class ReportIdentity(RunIdentity):
+    """The run's identity, with where the suite was and its hash."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    suite_path: str = Field("", description="Where the suite directory was.")
+    identity_hash: str = Field("", description="RunIdentity.hash() as stored.")
+
+
+class Interval(_M):
+    """A suite figure with its 95% percentile cluster-bootstrap interval over tasks."""
+
+    estimate: float = Field(..., description="The figure on the measured tasks.")
+    low: float = Field(..., description="Lower bound.")
+    high: float = Field(..., description="Upper bound.")
+    n_tasks: int = Field(..., description="Tasks resampled (those with n >= k).")
+    excluded: list[str] = Field(default_factory=list, description="Tasks left out because n < k.")
+    se_clustered: float | None = Field(None, description="pass@1 only: standard error clustered by task.")
+
+
+class UnmeasuredSlot(_M):
+    task: str
+    slot: int
+    attempts: int = Field(..., description="Discarded attempts of the slot.")
+    reasons: list[str] = Field(default_factory=list, description="SLA rules that discarded them.")
+    breaches: list[str] = Field(default_factory=list, description="The last attempt's breached rules, measured vs threshold.")
+    message: str = Field("", description="The note on the attempt that spent the budget.")
+
+
+class PendingSlot(_M):
+    task: str
+    slot: int
+
+
+class TaskRow(_M):
+    """One task: its slots, counts and per-task estimates."""
+
+    task: str
+    marks: str = Field(..., description="One mark per slot: ✓ pass, ✗ fail, · unmeasured, ? not run.")
+    outcomes: list[bool] = Field(..., description="Clean outcomes in trial order.")
+    n: int = Field(..., description="Clean trials.")
+    c: int = Field(..., description="Passing clean trials.")
+    slots: int = Field(..., description="Slots (trials per task).")
+    pass1: float | None = Field(None, description="c / n.")
+    pass1_ci: list[float] | None = Field(None, description="Wilson interval of the task's pass rate (over its trials).")
+    metrics: dict[str, float | None] = Field(default_factory=dict, description="pass@1, pass@k and pass^k by name.")
+    failure_kinds: dict[str, int] = Field(default_factory=dict, description="Failure kind -> clean failing trials.")
+    failures: int = Field(0, description="n - c.")
+    clean_exit_wrong_state: int = Field(0, description="Trials that exited 0 and left a wrong state.")
+    bucket: str = Field(..., description="always, sometimes, never or unmeasured.")
+    attempts: int = Field(0, description="Attempts of the task, discarded included.")
+    discarded: int = Field(0, description="Discarded attempts.")
+    discard_reasons: dict[str, int] = Field(default_factory=dict, description="Reason -> discarded attempts.")
+    unmeasured: list[UnmeasuredSlot] = Field(default_factory=list)
+    pending: int = Field(0, description="Slots not finished.")
+    wall_s: float = Field(0.0, description="Wall seconds of every attempt of the task.")
+
+
+class KFigures(_M):
+    k: int
+    n_tasks: int = Field(..., description="Tasks with n >= k.")
+    excluded: list[str] = Field(default_factory=list)
+    pass_at_k: Interval | None = Field(None, alias="pass@k", description="Mean per-task pass@k with its interval.")
+    pass_hat_k: Interval | None = Field(None, alias="pass^k", description="Mean per-task pass^k with its interval.")
+    naive_pass_at_k: float | None = Field(None, alias="naive_pass@k", description="1-(1-mean p)^k: biased, for contrast only.")
+    naive_pass_hat_k: float | None = Field(None, alias="naive_pass^k", description="(mean p)^k: biased, for contrast only.")
+
+
+class SuiteFigures(_M):
+    n_tasks: int
+    measured: int = Field(..., description="Tasks with at least one clean trial.")
+    unmeasured_tasks: list[str] = Field(default_factory=list)
+    pass1: Interval | None = Field(None, alias="pass@1")
+    by_k: list[KFigures] = Field(default_factory=list)
+    method: dict[str, Any] = Field(default_factory=dict, description="Aggregation, interval method, replicates, seed.")
+
+
+class AttemptCounts(_M):
+    total: int
+    clean: int
+    discarded: int
+
+
+class SelectionBias(_M):
+    task: str
+    discarded: int
+    attempts: int
+    rate: float
+    others_rate: float
+    p_value: float = Field(..., description="One-sided Fisher exact test against the other tasks.")
+    reasons: dict[str, int] = Field(default_factory=dict)
+    message: str
+
+
+class TaskDiscards(_M):
+    discarded: int
+    attempts: int
+    reasons: dict[str, int] = Field(default_factory=dict)
+
+
+class Discards(_M):
+    total: int
+    by_reason: dict[str, int] = Field(default_factory=dict)
+    by_task: dict[str, TaskDiscards] = Field(default_factory=dict)
+    selection_bias: list[SelectionBias] = Field(default_factory=list)
+
+
+class Overdispersion(OverdispersionResult):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    summary: str = Field("", description="One line for the report.")
+
+
+class Report(_M):
+    """Everything a report shows (see the module docstring)."""
+
+    schema_: str = Field(REPORT_SCHEMA, alias="schema", description="Format id of this document.")
+    run: RunInfo
+    identity: ReportIdentity
+    ks: list[int] = Field(..., description="k values fixed for the run (1 always included).")
+    gate_k: int = Field(..., description="The gate's k: JUnit fails a task whose pass^k < 1.")
+    trials: int
+    n_tasks: int
+    conf: float
+    tasks: list[TaskRow] = Field(..., description="Worst first: unmeasured, then by pass@1, then pass^k.")
+    suite: SuiteFigures
+    buckets: Buckets
+    attempts: AttemptCounts
+    discards: Discards
+    unmeasured: list[UnmeasuredSlot] = Field(default_factory=list)
+    pending: list[PendingSlot] = Field(default_factory=list)
+    drift: DriftResult
+    overdispersion: Overdispersion
+    warnings: list[str] = Field(default_factory=list, description="Most important first.")
+
+    def data(self) -> dict[str, Any]:
+        """The report as JSON-ready data, with the JSON names (``pass@1``, ``schema``)."""
+        return self.model_dump(mode="json", by_alias=True)

@@ -1,0 +1,129 @@
+"""A run and its identity: what makes two runs comparable, defined once.
+
+A run's scores are only meaningful beside its identity: the suite (by content hash), the
+image (by digest), the agent command, the envelope (the whole profile), the harness
+version and the cgroup version of the host that measured it. :class:`RunIdentity` is that
+definition; its :meth:`~RunIdentity.hash` is stored with the run, :meth:`~RunIdentity.differences`
+is what ``compare`` and ``gate --baseline`` refuse or warn on, and ``--resume`` refuses a
+run whose identity the current machine would change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RunStatus = Literal["running", "complete", "interrupted", "failed"]
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
+
+
+def dict_diff(a: dict | None, b: dict | None, limit: int = 8) -> str:
+    """'key a vs b; ...' for the leaves that differ (nested keys dotted)."""
+    fa, fb = _flatten(a or {}), _flatten(b or {})
+    keys = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+    parts = [f"{k} {fa.get(k)!r} vs {fb.get(k)!r}" for k in keys[:limit]]
+    if len(keys) > limit:
+        parts.append(f"and {len(keys) - limit} more")
+    return "; ".join(parts)
+
+
+class RunIdentity(_M):
+    """Everything that makes two runs comparable."""
+
+    suite: str = Field(..., description="Suite name.")
+    suite_hash: str = Field(..., description="sha256 over the suite directory's files.")
+    image: str = Field(..., description="Image the trials ran in.")
+    image_digest: str = Field("", description="Its digest (or image id when it has no repo digest).")
+    agent_cmd: list[str] = Field(default_factory=list, description="The agent command.")
+    profile: str = Field(..., description="Profile name.")
+    profile_json: dict[str, Any] = Field(default_factory=dict, description="The whole profile: envelope, network, SLA.")
+    harness_version: str = Field(..., description="Harness version.")
+    cgroup_version: str = Field("", description="cgroup version of the host (1, 2, 1 (hybrid) ...).")
+    host: dict[str, Any] = Field(default_factory=dict, description="Host facts: kernel, CPU model, cores, memory.")
+
+    def hash(self) -> str:
+        """16 hex digits over what must be equal for scores to be comparable (host facts aside)."""
+        key = json.dumps(
+            [self.suite_hash, self.image_digest, self.profile_json, self.harness_version, self.cgroup_version, self.agent_cmd],
+            sort_keys=True,
+        )
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def differences(self, other: "RunIdentity") -> tuple[list[str], list[str]]:
+        """(blocking, warnings) of ``other`` (B) against this identity (A): suite or profile
+        differences block a comparison; image, agent, harness, host and cgroup warn."""
+        a, b = self, other
+        blocking, warns = [], []
+        if a.suite != b.suite:
+            blocking.append(f"suite differs: A {a.suite!r} vs B {b.suite!r}")
+        if a.suite_hash != b.suite_hash:
+            blocking.append(f"suite_hash differs: A {a.suite_hash} vs B {b.suite_hash} (tasks, fixtures or expectations changed)")
+        if a.profile_json != b.profile_json:
+            blocking.append(f"profile differs: A {a.profile!r} vs B {b.profile!r} ({dict_diff(a.profile_json, b.profile_json)})")
+        if a.image_digest != b.image_digest:
+            warns.append(f"image digest differs: A {a.image} {a.image_digest or '–'} vs B {b.image} {b.image_digest or '–'}")
+        if a.agent_cmd != b.agent_cmd:
+            warns.append(f"agent command differs: A {' '.join(a.agent_cmd)!r} vs B {' '.join(b.agent_cmd)!r}")
+        if a.harness_version != b.harness_version:
+            warns.append(f"harness version differs: A {a.harness_version} vs B {b.harness_version}")
+        if a.host != b.host:
+            warns.append(f"host differs: {dict_diff(a.host, b.host)}")
+        if a.cgroup_version != b.cgroup_version:
+            warns.append(f"cgroup version differs: A {a.cgroup_version or '–'} vs B {b.cgroup_version or '–'}")
+        return blocking, warns
+
+
+class RunRecord(_M):
+    """One stored run: its identity (flat, as stored), its plan and its status."""
+
+    id: str = Field(..., description="Run id, e.g. r20261201-101500-ab12.")
+    created_at: dt.datetime | None = Field(None, description="When the run was planned (UTC).")
+    finished_at: dt.datetime | None = Field(None, description="When it last stopped (UTC).")
+    status: RunStatus = Field("running", description="running, complete, interrupted (resumable) or failed.")
+    suite: str
+    suite_hash: str
+    suite_path: str = ""
+    image: str
+    image_digest: str = ""
+    agent_cmd: list[str] = Field(default_factory=list)
+    profile: str
+    profile_json: dict[str, Any] = Field(default_factory=dict)
+    harness_version: str
+    host: dict[str, Any] = Field(default_factory=dict)
+    cgroup_version: str = ""
+    identity_hash: str = ""
+    trials: int = Field(..., ge=1, description="n: trial slots per task.")
+    ks: list[int] = Field(default_factory=lambda: [1], description="k values fixed before the run.")
+    max_reruns: int = Field(..., ge=0, description="Reruns of a discarded slot before it ends unmeasured.")
+    seed: int = 0
+    concurrency: int = 1
+    task_ids: list[str] = Field(default_factory=list)
+    sweep_id: str | None = None
+    artifacts_dir: str = ""
+    note: str = ""
+    controller: str = Field("", description="host:pid-namespace:pid of the process running it.")
+    heartbeat_at: dt.datetime | None = Field(None, description="Last sign of life of that controller (UTC).")
+
+    @property
+    def identity(self) -> RunIdentity:
+        return RunIdentity(
+            suite=self.suite, suite_hash=self.suite_hash, image=self.image, image_digest=self.image_digest,
+            agent_cmd=list(self.agent_cmd or []), profile=self.profile, profile_json=dict(self.profile_json or {}),
+            harness_version=self.harness_version, cgroup_version=self.cgroup_version, host=dict(self.host or {}),
+        )

@@ -1,0 +1,76 @@
+"""Units shared by every model: byte sizes and the one-line validation message format.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator, ValidationError, WithJsonSchema
+
+MiB = 1024 * 1024
+MEMORY_FLOOR = 16 * MiB  # below this the kernel and python3 itself do not fit
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": MiB, "g": 1024 * MiB, "t": 1024 * 1024 * MiB}
+
+
+def parse_size(value: int | str) -> int:
+    """Parse a byte size such as ``512m``, ``1GiB``, ``2g`` or an integer number of bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size like '512m' or '1g', got a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("size must be positive")
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a size; use e.g. '256m', '1g' or bytes as an integer")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_size(n: int | float | None) -> str:
+    """Human-readable binary size (``256 MiB``)."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+ByteSize = Annotated[
+    int,
+    BeforeValidator(parse_size),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*[kmgtKMGT]?(i?[bB])?\s*$"},
+            ],
+            "description": "Bytes, or a size such as '512m', '1g', '64MiB'.",
+        }
+    ),
+]
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    """One line per problem: ``file: key: message``."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{source}: {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def utcnow() -> dt.datetime:
+    """Now in UTC, without tzinfo (as every stored time is)."""
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)

@@ -1,0 +1,371 @@
+"""Building the :class:`~harness.model.report.Report` of a run from its stored attempts.
+
+Records in, a validated Report out; no database, no Docker, no CLI. Nothing is cached:
+``build_report(run, attempts)`` derives every figure from the attempts it is given (only the
+clean attempt of each slot is scored; unmeasured slots are listed, never counted), so adding
+an attempt changes the next report. The renderers are ``harness.report.render``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections import Counter
+from typing import Any, Iterable, Sequence
+
+from harness.core.aggregate import SlotView, outcomes_of, slot_views
+from harness.core.estimator import (
+    TaskOutcomes,
+    buckets,
+    cluster_bootstrap,
+    clustered_se_pass1,
+    drift_test,
+    overdispersion_test,
+    suite_metrics,
+    wilson_interval,
+)
+from harness.model.attempt import FAILURE_KINDS, AttemptRecord
+from harness.model.report import REPORT_SCHEMA, Report
+from harness.model.run import RunRecord
+
+CONF = 0.95
+N_BOOT = 2000
+# A task's discard rate must be this many times the other tasks' (and significant, and at
+# least this many discards) before the report warns about selection bias.
+BIAS_RATIO = 3.0
+BIAS_MIN_DISCARDS = 3
+BIAS_ALPHA = 0.05
+
+
+# =========================================================================== building
+
+
+def run_ks(run: Any) -> list[int]:
+    """The k values fixed for the run (always including 1)."""
+    return sorted({1, *(int(k) for k in run.ks)})
+
+
+def check_k(run: Any, k: int, fixed_only: bool = True) -> str | None:
+    """None when k can be used for the run; otherwise the reason (for a usage error).
+
+    Reports use only the k values the suite fixed before the run. A gate may name any
+    k <= trials: its requirement is written into CI before the run, so it is not chosen after."""
+    ks = run_ks(run)
+    if k < 1:
+        return f"k={k}: k must be >= 1"
+    if k > run.trials:
+        return f"k={k} exceeds the {run.trials} trials per task of run {run.id}; measured k: {ks_text(ks)}"
+    if fixed_only and k not in ks:
+        return (
+            f"k={k} was not fixed for run {run.id} (measured k: {ks_text(ks)}); k is chosen by the "
+            "suite before the run, not after -- use one of those"
+        )
+    return None
+
+
+def counts_text(d: dict[str, int]) -> str:
+    """'a 2, b 1' (zero counts left out), or '–'."""
+    return ", ".join(f"{k} {v}" for k, v in d.items() if v) or "–"
+
+
+def ks_text(ks: Sequence[int]) -> str:
+    return ", ".join(map(str, ks))
+
+
+def _iso(v: Any) -> str | None:
+    if v is None:
+        return None
+    return v.isoformat(timespec="seconds") if isinstance(v, (dt.datetime, dt.date)) else str(v)
+
+
+def identity_data(run: RunRecord) -> dict[str, Any]:
+    """The run's identity as the report shows it (RunIdentity, plus where and its hash)."""
+    return {**run.identity.model_dump(mode="json"), "suite_path": run.suite_path or "", "identity_hash": run.identity_hash or ""}
+
+
+def _ci(res: Any) -> dict[str, Any]:
+    return {"estimate": res.estimate, "low": res.low, "high": res.high, "n_tasks": res.n_tasks, "excluded": list(res.excluded)}
+
+
+def _boot(outs: list[TaskOutcomes], metric: str, k: int, seed: int, n_boot: int) -> dict[str, Any] | None:
+    try:
+        return _ci(cluster_bootstrap(outs, metric, k=k, n_boot=n_boot, seed=seed, conf=CONF))  # type: ignore[arg-type]
+    except ValueError:  # no task with n >= k: the figure cannot be computed
+        return None
+
+
+def _hypergeom_sf(x: int, total: int, marked: int, drawn: int) -> float:
+    """P(X >= x) for X ~ Hypergeometric(total, marked, drawn): one-sided Fisher exact test."""
+    hi = min(marked, drawn)
+    if x > hi:
+        return 0.0
+    num = sum(math.comb(marked, i) * math.comb(total - marked, drawn - i) for i in range(max(x, 0), hi + 1))
+    return num / math.comb(total, drawn)
+
+
+def selection_bias(per_task: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
+    """Tasks whose attempts were discarded far more often than the other tasks' attempts.
+
+    ``per_task`` maps task -> (discarded attempts, all attempts). A task is flagged when it
+    has at least BIAS_MIN_DISCARDS discards, its discard rate is at least BIAS_RATIO times
+    the pooled rate of the other tasks, and a one-sided Fisher exact test gives p < BIAS_ALPHA.
+    Why it matters: discarded attempts are rerun, so if discards depend on what the agent
+    did (e.g. it burns CPU when it goes wrong), the clean attempts left are not a fair sample.
+    """
+    total_a = sum(a for _, a in per_task.values())
+    total_d = sum(d for d, _ in per_task.values())
+    out = []
+    if len(per_task) < 2:
+        return out
+    for task, (d, a) in per_task.items():
+        if d < BIAS_MIN_DISCARDS or a == 0:
+            continue
+        other_a, other_d = total_a - a, total_d - d
+        if other_a == 0:
+            continue
+        rate, other = d / a, other_d / other_a
+        if other > 0 and rate < BIAS_RATIO * other:
+            continue
+        p = _hypergeom_sf(d, total_a, total_d, a)
+        if p >= BIAS_ALPHA:
+            continue
+        out.append({"task": task, "discarded": d, "attempts": a, "rate": rate, "others_rate": other, "p_value": p})
+    return out
+
+
+def _slot_reasons(s: SlotView) -> list[str]:
+    return sorted({r for a in s.discarded for r in (a.reasons or ["unknown"])})
+
+
+def _breach_lines(a: Any) -> list[str]:
+    lines = []
+    for r in a.rules or []:
+        if isinstance(r, dict) and r.get("breached"):
+            lines.append(f"{r.get('rule')}: {r.get('detail')}" if r.get("detail") else str(r.get("rule")))
+    return lines
+
+
+def _sort_key(row: dict[str, Any], gate_k: int) -> tuple:
+    p1 = row["pass1"]
+    pk = row["metrics"].get(f"pass^{gate_k}") if gate_k > 1 else p1
+    # unmeasured first (no evidence is the worst news), then lowest pass@1, then lowest pass^k
+    return (0 if p1 is None else 1, -1.0 if p1 is None else p1, -1.0 if pk is None else pk, row["task"])
+
+
+def build_report(
+    run: RunRecord,
+    attempts: Iterable[AttemptRecord],
+    *,
+    k: int | None = None,
+    seed: int = 0,
+    n_boot: int = N_BOOT,
+) -> Report:
+    """Everything a report shows, recomputed from ``attempts``.
+
+    ``k`` is the gate's k (JUnit fails a task whose pass^k < 1); default the largest k of
+    the run. Raises ValueError when ``k`` was not measured in the run. ``seed`` seeds the
+    cluster bootstrap and the drift permutations, so the same attempts give the same report.
+    """
+    attempts = list(attempts)
+    ks = run_ks(run)
+    gate_k = max(ks) if k is None else int(k)
+    problem = check_k(run, gate_k)
+    if problem:
+        raise ValueError(problem)
+    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns)
+    outs = [outcomes_of(t, v) for t, v in views.items()]
+    sm = suite_metrics(outs, ks)
+    per_metrics = {m.task_id: m for m in sm.per_task}
+    bk = buckets(outs)
+    bucket_of = {t: name for name in ("always", "sometimes", "never", "unmeasured") for t in getattr(bk, name)}
+
+    # ---- per task
+    rows: list[dict[str, Any]] = []
+    discard_counts: dict[str, tuple[int, int]] = {}
+    unmeasured: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
+    for t in outs:
+        slots = views[t.task_id]
+        m = per_metrics[t.task_id]
+        fk = {kind: 0 for kind in FAILURE_KINDS}
+        for kind, cnt in t.failure_kinds.items():
+            fk[kind] = fk.get(kind, 0) + cnt
+        task_attempts = sum(len(s.discarded) + (s.clean is not None) for s in slots)
+        n_disc = sum(len(s.discarded) for s in slots)
+        reasons: Counter[str] = Counter(r for s in slots for a in s.discarded for r in (a.reasons or ["unknown"]))
+        discard_counts[t.task_id] = (n_disc, task_attempts)
+        t_unmeasured = []
+        for s in slots:
+            if s.status != "unmeasured":
+                continue
+            last = max(s.discarded, key=lambda a: (a.attempt_no, a.id or 0))
+            item = {
+                "task": t.task_id,
+                "slot": s.slot,
+                "attempts": len(s.discarded),
+                "reasons": _slot_reasons(s),
+                "breaches": _breach_lines(last),
+                "message": last.error or "",
+            }
+            t_unmeasured.append(item)
+            unmeasured.append(item)
+        for i in t.pending:
+            pending.append({"task": t.task_id, "slot": i})
+        metrics: dict[str, float | None] = {"pass@1": m.pass1}
+        for kk in ks:
+            if kk > 1:
+                metrics[f"pass@{kk}"] = m.pass_at_k[kk]
+        for kk in ks:
+            if kk > 1:
+                metrics[f"pass^{kk}"] = m.pass_hat_k[kk]
+        ci = wilson_interval(t.c, t.n, CONF) if t.n else None
+        clean_exit_wrong = sum(
+            1 for s in slots if s.clean is not None and s.clean.outcome != "pass" and s.clean.failure_kind == "wrong_state"
+        )
+        rows.append(
+            {
+                "task": t.task_id,
+                "marks": t.marks(),
+                "outcomes": list(t.trials),
+                "n": t.n,
+                "c": t.c,
+                "slots": len(slots),
+                "pass1": m.pass1,
+                "pass1_ci": [ci.low, ci.high] if ci else None,
+                "metrics": metrics,
+                "failure_kinds": fk,
+                "failures": t.n - t.c,
+                "clean_exit_wrong_state": clean_exit_wrong,
+                "bucket": bucket_of[t.task_id],
+                "attempts": task_attempts,
+                "discarded": n_disc,
+                "discard_reasons": dict(sorted(reasons.items())),
+                "unmeasured": t_unmeasured,
+                "pending": len(t.pending),
+                "wall_s": round(sum(float(a.wall_s or 0.0) for s in slots for a in s.attempts), 3),
+            }
+        )
+    rows.sort(key=lambda r: _sort_key(r, gate_k))
+
+    # ---- suite
+    measured = [o for o in outs if o.n > 0]
+    try:
+        se = clustered_se_pass1(outs)
+    except ValueError:
+        se = None
+    p1 = _boot(outs, "pass@1", 1, seed, n_boot)
+    if p1 is not None:
+        p1["se_clustered"] = se
+    by_k = []
+    for kk in ks:
+        if kk == 1:
+            continue
+        km = sm.by_k[kk]
+        by_k.append(
+            {
+                "k": kk,
+                "n_tasks": km.n_tasks,
+                "excluded": list(km.excluded),
+                "pass@k": _boot(outs, "pass@k", kk, seed, n_boot),
+                "pass^k": _boot(outs, "pass^k", kk, seed, n_boot),
+                "naive_pass@k": km.naive_pass_at_k,
+                "naive_pass^k": km.naive_pass_hat_k,
+            }
+        )
+    suite = {
+        "n_tasks": len(outs),
+        "measured": len(measured),
+        "unmeasured_tasks": list(sm.unmeasured),
+        "pass@1": p1,
+        "by_k": by_k,
+        "method": {
+            "aggregation": "mean over tasks of per-task unbiased estimates (never mean(p)^k)",
+            "ci": f"{CONF:.0%} percentile cluster bootstrap over tasks",
+            "n_boot": n_boot,
+            "seed": seed,
+            "se": "clustered by task (pass@1)",
+            "naive": "mean(pass@1)^k over the same tasks -- biased, shown only for contrast",
+        },
+    }
+
+    # ---- discards
+    attempts_clean = sum(1 for a in attempts if a.verdict == "clean")
+    by_reason: Counter[str] = Counter(r for a in attempts if a.verdict != "clean" for r in (a.reasons or ["unknown"]))
+    bias = selection_bias(discard_counts)
+    for b in bias:
+        reasons = next(r["discard_reasons"] for r in rows if r["task"] == b["task"])
+        b["reasons"] = reasons
+        b["message"] = (
+            f"selection-bias risk: task {b['task']} had {b['discarded']} of {b['attempts']} attempts discarded "
+            f"({b['rate']:.0%}) vs {b['others_rate']:.0%} for the other tasks (Fisher p={b['p_value']:.2g}; "
+            f"reasons: {counts_text(reasons)}); its clean trials may not be a fair sample of the task -- "
+            "if the discards depend on what the agent did, fix the envelope or the host rather than trusting its rate"
+        )
+
+    # ---- diagnostics
+    drift = drift_test(outs, seed=seed).model_dump(mode="json")
+    over = overdispersion_test(outs).model_dump(mode="json")
+    if over.get("p_value") is not None:
+        over["summary"] = "failures cluster by task" if over["p_value"] < 0.05 else "failures spread evenly"
+    else:
+        over["summary"] = "not testable"
+
+    # ---- warnings, most important first
+    warnings: list[str] = [b["message"] for b in bias]
+    status = getattr(run, "status", "complete")
+    if status != "complete":
+        warnings.append(f"run {run.id} is {status}, not complete; figures cover the slots measured so far")
+    if unmeasured:
+        envelope = [u for u in unmeasured if "envelope is too small" in (u["message"] or "")]
+        w = f"{len(unmeasured)} unmeasured slot(s) (rerun budget spent without a clean attempt) are not scored"
+        if envelope:
+            w += f"; {len(envelope)} of them because the envelope is too small for the task"
+        warnings.append(w)
+    if pending:
+        warnings.append(f"{len(pending)} slot(s) never ran (run interrupted?); they are not scored")
+    for kk in ks:
+        excl = sm.by_k[kk].excluded
+        if excl and len(excl) < len(outs):
+            warnings.append(f"k={kk}: {len(excl)} task(s) with fewer than {kk} clean trials left out: {', '.join(excl)}")
+        elif excl and kk == 1:
+            warnings.append("no task has a clean trial yet; no figure can be computed")
+        elif excl:
+            warnings.append(f"k={kk}: no task has {kk} clean trials; pass@{kk} / pass^{kk} cannot be computed")
+    if drift.get("p_value") is not None and drift["p_value"] < 0.05:
+        warnings.append(drift["verdict"])
+
+    return Report.model_validate({
+        "schema": REPORT_SCHEMA,
+        "run": {
+            "id": run.id,
+            "status": status,
+            "created_at": _iso(getattr(run, "created_at", None)),
+            "finished_at": _iso(getattr(run, "finished_at", None)),
+            "seed": getattr(run, "seed", 0),
+            "concurrency": getattr(run, "concurrency", 1),
+            "max_reruns": getattr(run, "max_reruns", None),
+            "sweep_id": getattr(run, "sweep_id", None),
+            "note": getattr(run, "note", "") or "",
+        },
+        "identity": identity_data(run),
+        "ks": ks,
+        "gate_k": gate_k,
+        "trials": run.trials,
+        "n_tasks": len(outs),
+        "conf": CONF,
+        "tasks": rows,
+        "suite": suite,
+        "buckets": bk.model_dump(mode="json"),
+        "attempts": {"total": len(attempts), "clean": attempts_clean, "discarded": len(attempts) - attempts_clean},
+        "discards": {
+            "total": len(attempts) - attempts_clean,
+            "by_reason": dict(sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "by_task": {r["task"]: {"discarded": r["discarded"], "attempts": r["attempts"], "reasons": r["discard_reasons"]} for r in rows if r["discarded"]},
+            "selection_bias": bias,
+        },
+        "unmeasured": unmeasured,
+        "pending": pending,
+        "drift": drift,
+        "overdispersion": over,
+        "warnings": warnings,
+    })

@@ -1,0 +1,63 @@
+"""Paired comparison of two runs on their common tasks (deltas B − A), as JSON-ready data."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from harness.core.aggregate import task_outcomes
+from harness.core.estimator import compare_runs
+from harness.model.attempt import AttemptRecord
+from harness.model.run import RunRecord
+from harness.report.build import identity_data, run_ks
+
+COMPARISON_SCHEMA = "harness.comparison/1"
+
+
+def identity_differences(a: RunRecord, b: RunRecord) -> tuple[list[str], list[str]]:
+    """(blocking, warnings) of run B against run A (see RunIdentity.differences)."""
+    return a.identity.differences(b.identity)
+
+
+def build_comparison(run_a: RunRecord, attempts_a: Iterable[AttemptRecord], run_b: RunRecord, attempts_b: Iterable[AttemptRecord], *,
+                     seed: int = 0) -> dict[str, Any]:
+    """Paired comparison of run A (baseline) and run B (candidate), deltas B - A, as plain data.
+
+    Raises ValueError when the runs share no task measured in both.
+    """
+    oa, ob = task_outcomes(run_a, attempts_a), task_outcomes(run_b, attempts_b)
+    ks = sorted(set(run_ks(run_a)) & set(run_ks(run_b))) or [1]
+    cmp = compare_runs(oa, ob, ks, seed=seed)
+    marks_a = {t.task_id: t.marks() for t in oa}
+    marks_b = {t.task_id: t.marks() for t in ob}
+    blocking, warns = identity_differences(run_a, run_b)
+    per_task = []
+    for d in cmp.per_task:
+        per_task.append(
+            {
+                "task": d.task_id,
+                "marks_a": marks_a[d.task_id],
+                "marks_b": marks_b[d.task_id],
+                "n_a": d.n_a, "c_a": d.c_a, "n_b": d.n_b, "c_b": d.c_b,
+                "pass1_a": d.pass1_a, "pass1_b": d.pass1_b, "delta_pass1": d.delta_pass1,
+                "delta_pass_hat_k": {f"pass^{k}": v for k, v in d.delta_pass_hat_k.items() if k > 1},
+            }
+        )
+    per_task.sort(key=lambda x: (x["delta_pass1"], x["task"]))
+    suite = [
+        {"metric": "pass@1" if s.k == 1 else f"pass{s.metric[4]}{s.k}", **s.model_dump(mode="json", exclude={"metric"})}
+        for s in cmp.suite
+    ]
+    return {
+        "schema": COMPARISON_SCHEMA,
+        "a": {"run_id": run_a.id, **identity_data(run_a)},
+        "b": {"run_id": run_b.id, **identity_data(run_b)},
+        "ks": ks,
+        "identity": {"blocking": blocking, "warnings": warns},
+        "n_common": cmp.n_common,
+        "only_in_a": cmp.only_in_a,
+        "only_in_b": cmp.only_in_b,
+        "unmeasured": cmp.unmeasured,
+        "per_task": per_task,
+        "suite": suite,
+        "test": cmp.test.model_dump(mode="json"),
+    }

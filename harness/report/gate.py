@@ -1,0 +1,185 @@
+"""Release gates: requirements such as ``pass^4>=0.9`` over a run's per-task outcomes.
+
+A suite requirement averages per-task estimates over tasks with at least k clean trials;
+a per-task requirement asks a share of tasks to meet it; a baseline check fails every task
+that passed every trial in the baseline and no longer does. Unmeasured slots never count;
+a metric that cannot be computed fails the gate.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.core.estimator import TaskOutcomes, suite_metrics
+
+_REQ = re.compile(r"^\s*pass\s*(?P<sym>[@^])\s*(?P<k>\d+)\s*(?P<op>>=|<=|==|>|<)\s*(?P<v>[0-9]*\.?[0-9]+)\s*$")
+_NEG = {">=": "<", ">": "<=", "<=": ">", "<": ">=", "==": "!="}
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One parsed requirement such as ``pass^4>=0.9``."""
+
+    text: str
+    sym: str  # '@' or '^'
+    k: int
+    op: str
+    value: float
+
+    @property
+    def metric(self) -> str:
+        return "pass@1" if self.k == 1 else f"pass{self.sym}{self.k}"
+
+    def holds(self, v: float) -> bool:
+        t = self.value
+        return {
+            ">=": v >= t - _EPS,
+            ">": v > t + _EPS,
+            "<=": v <= t + _EPS,
+            "<": v < t - _EPS,
+            "==": abs(v - t) <= _EPS,
+        }[self.op]
+
+    def describe(self, v: float) -> str:
+        """'pass^4 = 0.812 < 0.9 (short by 0.088)' or 'pass^4 = 0.950 >= 0.9 (margin 0.050)'."""
+        gap = abs(v - self.value)
+        if self.holds(v):
+            return f"{self.metric} = {v:.3f} {self.op} {self.value:g}" + (f" (margin {gap:.3f})" if self.op != "==" else "")
+        how = {">=": "short", ">": "short", "<=": "over", "<": "over", "==": "off"}[self.op]
+        return f"{self.metric} = {v:.3f} {_NEG[self.op]} {self.value:g} ({how} by {gap:.3f})"
+
+
+def parse_requirement(text: str) -> Requirement:
+    """Parse ``pass@K`` / ``pass^K`` / ``pass@1`` + operator + value in [0, 1]; ValueError if malformed."""
+    m = _REQ.match(text or "")
+    if not m:
+        raise ValueError(
+            f"requirement {text!r}: expected METRIC OP VALUE with METRIC pass@K or pass^K, "
+            "OP one of >= > <= < ==, VALUE in [0, 1], e.g. 'pass^4>=0.9'"
+        )
+    k, v = int(m["k"]), float(m["v"])
+    if k < 1:
+        raise ValueError(f"requirement {text!r}: k must be >= 1")
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"requirement {text!r}: value {v:g} is outside [0, 1]")
+    return Requirement(text=text.strip(), sym=m["sym"], k=k, op=m["op"], value=v)
+
+
+def parse_per_task(text: str) -> tuple[Requirement, float]:
+    """Parse ``pass^3==1:0.9`` -> (requirement on each task, share of tasks that must meet it)."""
+    cond, sep, share = (text or "").rpartition(":")
+    if not sep:
+        raise ValueError(f"--per-task {text!r}: expected CONDITION:SHARE, e.g. 'pass^3==1:0.9' (90% of tasks reach pass^3 == 1)")
+    req = parse_requirement(cond)
+    try:
+        frac = float(share)
+    except ValueError:
+        raise ValueError(f"--per-task {text!r}: share {share!r} is not a number in [0, 1]") from None
+    if not 0.0 <= frac <= 1.0:
+        raise ValueError(f"--per-task {text!r}: share {frac:g} is outside [0, 1]")
+    return req, frac
+
+
+@dataclass
+class GateCheck:
+    """The outcome of one gate condition."""
+
+    name: str
+    ok: bool
+    message: str
+    details: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "message": self.message, "details": self.details}
+
+
+def _task_value(req: Requirement, t: TaskOutcomes) -> float | None:
+    if t.n < req.k or t.n == 0:
+        return None
+    sm = suite_metrics([t], [req.k])
+    m = sm.per_task[0]
+    return m.pass1 if req.k == 1 else (m.pass_at_k if req.sym == "@" else m.pass_hat_k)[req.k]
+
+
+def check_requirement(req: Requirement, tasks: list[TaskOutcomes]) -> GateCheck:
+    """Suite-level requirement: mean over tasks with n >= k of the per-task estimate."""
+    vals = [(t.task_id, _task_value(req, t)) for t in tasks]
+    used = [v for _, v in vals if v is not None]
+    excluded = [tid for tid, v in vals if v is None]
+    if not used:
+        return GateCheck(
+            req.text, False,
+            f"{req.metric} cannot be computed: no task has {req.k} clean trial(s) "
+            f"({len(tasks)} task(s), all unmeasured or short of k) -- that is a failure, not a pass",
+        )
+    v = math.fsum(used) / len(used)
+    ok = req.holds(v)
+    msg = req.describe(v) + f" over {len(used)} task(s)"
+    details = [f"{len(excluded)} task(s) with fewer than {req.k} clean trials left out: {', '.join(excluded)}"] if excluded else []
+    return GateCheck(req.text, ok, msg, details)
+
+
+def check_per_task(req: Requirement, share: float, tasks: list[TaskOutcomes], text: str) -> GateCheck:
+    """At least ``share`` of the tasks (those with n >= k) meet ``req`` individually."""
+    vals = [(t.task_id, _task_value(req, t)) for t in tasks]
+    used = [(tid, v) for tid, v in vals if v is not None]
+    excluded = [tid for tid, v in vals if v is None]
+    name = f"per-task {text}"
+    if not used:
+        return GateCheck(name, False, f"per-task {req.metric} cannot be computed: no task has {req.k} clean trial(s) -- that is a failure, not a pass")
+    meeting = [tid for tid, v in used if req.holds(v)]
+    missing = [(tid, v) for tid, v in used if not req.holds(v)]
+    got = len(meeting) / len(used)
+    ok = got >= share - _EPS
+    need = math.ceil(share * len(used) - _EPS)
+    cond = f"{req.metric} {req.op} {req.value:g}"
+    if ok:
+        msg = f"{len(meeting)} of {len(used)} tasks ({got:.1%}) reach {cond}; required {share:.0%}"
+    else:
+        msg = (
+            f"{len(meeting)} of {len(used)} tasks ({got:.1%}) reach {cond} < required {share:.0%} "
+            f"(short by {need - len(meeting)} task(s))"
+        )
+    details = []
+    if missing and not ok:
+        details.append("not reaching it: " + ", ".join(f"{tid} ({v:.3f})" for tid, v in sorted(missing, key=lambda x: (x[1], x[0]))))
+    if excluded:
+        details.append(f"{len(excluded)} task(s) with fewer than {req.k} clean trials left out: {', '.join(excluded)}")
+    return GateCheck(name, ok, msg, details)
+
+
+def check_baseline(
+    base: list[TaskOutcomes], cur: list[TaskOutcomes], base_id: str, marks: dict[str, str] | None = None, base_marks: dict[str, str] | None = None
+) -> GateCheck:
+    """Fail on every task that passed every clean trial in the baseline and no longer does."""
+    marks, base_marks = marks or {}, base_marks or {}
+    by_id = {t.task_id: t for t in cur}
+    deterministic = [t for t in base if t.n > 0 and t.c == t.n]
+    name = f"baseline {base_id}"
+    if not deterministic:
+        return GateCheck(name, True, f"no task passed every trial in baseline {base_id}; nothing to hold")
+    regressed, unchecked = [], []
+    for b in deterministic:
+        t = by_id.get(b.task_id)
+        if t is None or t.n == 0:
+            unchecked.append(b.task_id)
+        elif t.c < t.n:
+            regressed.append((b.task_id, t))
+    held = len(deterministic) - len(regressed) - len(unchecked)
+    details = [
+        f"{tid}: {base_marks.get(tid, '✓' * next(b.n for b in deterministic if b.task_id == tid))} → {marks.get(tid, '')} ({t.c}/{t.n})"
+        for tid, t in regressed
+    ]
+    if unchecked:
+        details.append(f"not checked (absent or unmeasured in this run): {', '.join(unchecked)}")
+    if regressed:
+        msg = (
+            f"{len(regressed)} task(s) that passed every trial in baseline {base_id} no longer do: "
+            + ", ".join(tid for tid, _ in regressed)
+        )
+        return GateCheck(name, False, msg, details)
+    return GateCheck(name, True, f"all {held} task(s) that passed every trial in baseline {base_id} still do", details)

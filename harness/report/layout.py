@@ -1,0 +1,322 @@
+"""The report's layout, shared by every format: sections of table and text blocks.
+
+``report_sections(report)`` turns a report (its JSON data) into :class:`Section` objects made
+of :class:`TableBlock` / :class:`TextBlock` / :class:`HtmlBlock`; each renderer in
+``harness.report.render`` maps those blocks to its format. A figures section (plotly, inlined
+so the page stays offline) plugs into the HTML through ``render_html(..., extra_sections=...)``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.model.attempt import FAILURE_KINDS
+from harness.model.units import format_size
+from harness.report.build import ks_text, counts_text
+
+@dataclass
+class TableBlock:
+    """A table: header, rows of strings, per-column alignment ('l' or 'r')."""
+
+    columns: list[str]
+    rows: list[list[str]]
+    align: list[str] = field(default_factory=list)
+    marks_cols: tuple[int, ...] = ()  # columns holding ✓/✗/· strings (colored where the format can)
+
+    def aligns(self) -> list[str]:
+        return self.align + ["l"] * (len(self.columns) - len(self.align))
+
+
+@dataclass
+class TextBlock:
+    """Lines of prose; style 'warn' for warnings, 'muted' for fine print."""
+
+    lines: list[str]
+    style: str = ""
+
+
+@dataclass
+class HtmlBlock:
+    """Raw HTML, shown only by the HTML renderer (e.g. a later figures section)."""
+
+    html: str
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    blocks: list[Any]
+
+
+def f3(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3f}"
+
+
+def fci(lo: float | None, hi: float | None) -> str:
+    return "–" if lo is None or hi is None else f"[{lo:.3f}, {hi:.3f}]"
+
+
+def failures_text(fk: dict[str, int]) -> str:
+    """'wrong_state 2, timeout 1' in the fixed order of FAILURE_KINDS, then any others."""
+    order = list(FAILURE_KINDS) + sorted(k for k in fk if k not in FAILURE_KINDS)
+    return ", ".join(f"{k} {fk[k]}" for k in order if fk.get(k))
+
+
+def _host_text(h: dict[str, Any]) -> str:
+    if not h:
+        return "–"
+    parts = []
+    if h.get("hostname"):
+        parts.append(str(h["hostname"]))
+    if h.get("kernel"):
+        parts.append(f"kernel {h['kernel']}")
+    if h.get("cpu_model"):
+        parts.append(str(h["cpu_model"]))
+    if h.get("logical_cpus"):
+        parts.append(f"{h['logical_cpus']} CPUs")
+    if h.get("memory_total"):
+        parts.append(f"{format_size(h['memory_total'])} RAM")
+    if "psi" in h:
+        parts.append("PSI " + ("yes" if h["psi"] else "no"))
+    return " · ".join(parts)
+
+
+def _profile_text(name: str, p: dict[str, Any]) -> str:
+    if not p:
+        return name
+    parts = []
+    if p.get("cpus") is not None:
+        parts.append(f"{p['cpus']:g} CPU" + (f" on {p['cores']} core(s)" if p.get("cores") else ""))
+    if p.get("memory") is not None:
+        parts.append(f"{format_size(p['memory'])} memory")
+    if p.get("pids") is not None:
+        parts.append(f"{p['pids']} pids")
+    if p.get("network"):
+        parts.append(f"network {p['network']}")
+    to = p.get("timeouts") or {}
+    if to.get("agent") is not None:
+        parts.append(f"agent timeout {to['agent']:g}s")
+    return f"{name} ({', '.join(parts)})" if parts else name
+
+
+def report_sections(r: dict[str, Any]) -> list[Section]:
+    """The report as format-neutral sections, in reading order."""
+    idn = r["identity"]
+    ks = r["ks"]
+    hk = [k for k in ks if k > 1]
+    gk = r["gate_k"]
+    conf = f"{r['conf']:.0%}"
+    sections: list[Section] = []
+
+    # ---- identity
+    ident = TableBlock(
+        columns=["", ""],
+        rows=[
+            ["run", f"{r['run']['id']} ({r['run']['status']}, created {r['run']['created_at'] or '–'})"],
+            ["suite", f"{idn['suite']} · hash {idn['suite_hash'] or '–'}"],
+            ["image", f"{idn['image']} · digest {idn['image_digest'] or '–'}"],
+            ["agent", " ".join(idn["agent_cmd"]) or "–"],
+            ["profile", _profile_text(idn["profile"], idn["profile_json"])],
+            ["host", _host_text(idn["host"])],
+            ["cgroup", f"v{idn['cgroup_version']}" if idn["cgroup_version"] else "–"],
+            ["harness", f"{idn['harness_version']} · identity {idn['identity_hash'] or '–'}"],
+            ["design", f"{r['n_tasks']} tasks × {r['trials']} trials · k = {ks_text(ks)} · gate k = {gk} · seed {r['run']['seed']}"],
+        ],
+    )
+    if r["run"].get("note"):
+        ident.rows.append(["note", r["run"]["note"]])
+    sections.append(Section("identity", "Run identity", [ident]))
+
+    # ---- warnings early: they change how the numbers should be read
+    if r["warnings"]:
+        sections.append(Section("warnings", "Warnings", [TextBlock(list(r["warnings"]), style="warn")]))
+
+    # ---- suite
+    s = r["suite"]
+    srows: list[list[str]] = []
+    p1 = s["pass@1"]
+    if p1:
+        se = p1.get("se_clustered")
+        srows.append(["pass@1", f3(p1["estimate"]), fci(p1["low"], p1["high"]), "–", f"SE {f3(se)} (clustered by task)" if se is not None else "SE – (needs 2 measured tasks)", str(p1["n_tasks"])])
+    else:
+        srows.append(["pass@1", "–", "–", "–", "no measured task", "0"])
+    for b in s["by_k"]:
+        k = b["k"]
+        for name, naive in ((f"pass@{k}", b["naive_pass@k"]), (f"pass^{k}", b["naive_pass^k"])):
+            v = b["pass@k"] if name.startswith("pass@") else b["pass^k"]
+            naive_label = f"1−(1−mean p)^{k}" if name.startswith("pass@") else f"mean(p)^{k}"
+            if v is None:
+                srows.append([name, "–", "–", "–", f"no task has {k} clean trials", "0"])
+            else:
+                srows.append([name, f3(v["estimate"]), fci(v["low"], v["high"]), f"{f3(naive)} ({naive_label})", "", str(v["n_tasks"])])
+    suite_tbl = TableBlock(
+        columns=["metric", "value", f"{conf} CI", "naive (biased)", "note", "tasks"],
+        rows=srows,
+        align=["l", "r", "r", "r", "l", "r"],
+    )
+    sections.append(
+        Section(
+            "suite",
+            "Suite",
+            [
+                suite_tbl,
+                TextBlock(
+                    [
+                        f"Values are means over tasks of per-task unbiased estimates; CIs are {conf} cluster-bootstrap "
+                        f"intervals over tasks ({s['method']['n_boot']} replicates, seed {s['method']['seed']}). "
+                        "The naive column is mean(pass@1)^k -- a shortcut that ignores that failures cluster by task; "
+                        "it is labeled naive and is not the suite's pass^k.",
+                    ],
+                    style="muted",
+                ),
+            ],
+        )
+    )
+
+    # ---- tasks
+    cols = ["task", "trials", "c/n", "pass@1", f"{conf} CI (Wilson)"] + [f"pass^{k}" for k in hk] + ["failures", "discarded"]
+    trows = []
+    for t in r["tasks"]:
+        ci = t["pass1_ci"]
+        fail = failures_text(t["failure_kinds"])
+        if t["unmeasured"]:
+            fail = (fail + "; " if fail else "") + f"{len(t['unmeasured'])} unmeasured"
+        trows.append(
+            [t["task"], t["marks"], f"{t['c']}/{t['n']}", f3(t["pass1"]), fci(*(ci or (None, None)))]
+            + [f3(t["metrics"].get(f"pass^{k}")) for k in hk]
+            + [fail or "–", str(t["discarded"]) if t["discarded"] else "–"]
+        )
+    sections.append(
+        Section(
+            "tasks",
+            "Tasks (worst first)",
+            [
+                TableBlock(cols, trows, align=["l", "l", "r", "r", "r"] + ["r"] * len(hk) + ["l", "r"], marks_cols=(1,)),
+                TextBlock(["✓ pass · ✗ fail · · unmeasured (not scored) · ? not run; one mark per trial slot in trial order"], style="muted"),
+            ],
+        )
+    )
+
+    # ---- buckets
+    bk = r["buckets"]
+    blines = []
+    for name, label in (("always", "always pass"), ("sometimes", "sometimes pass (flaky)"), ("never", "never pass"), ("unmeasured", "unmeasured")):
+        ts = bk[name]
+        blines.append(f"{label}: {len(ts)}" + (f" — {', '.join(ts)}" if ts else ""))
+    sections.append(Section("buckets", "Buckets", [TextBlock(blines)]))
+
+    # ---- attempts & discards
+    a, d = r["attempts"], r["discards"]
+    dblocks: list[Any] = [
+        TextBlock(
+            [
+                f"attempts {a['total']}: clean {a['clean']}, discarded {a['discarded']}"
+                + (f" — by reason: {counts_text(d['by_reason'])}" if d["by_reason"] else "")
+            ]
+        )
+    ]
+    if d["by_task"]:
+        flagged = {b["task"] for b in d["selection_bias"]}
+        dblocks.append(
+            TableBlock(
+                ["task", "discarded", "attempts", "rate", "reasons", ""],
+                [
+                    [t, str(v["discarded"]), str(v["attempts"]), f"{v['discarded'] / v['attempts']:.0%}", counts_text(v["reasons"]), "selection-bias risk" if t in flagged else ""]
+                    for t, v in sorted(d["by_task"].items(), key=lambda kv: (-kv[1]["discarded"] / kv[1]["attempts"], kv[0]))
+                ],
+                align=["l", "r", "r", "r", "l", "l"],
+            )
+        )
+    sections.append(Section("discards", "Discarded attempts", dblocks))
+
+    # ---- unmeasured
+    if r["unmeasured"] or r["pending"]:
+        ublocks: list[Any] = []
+        if r["unmeasured"]:
+            ublocks.append(
+                TableBlock(
+                    ["task", "slot", "attempts", "reasons", "detail"],
+                    [
+                        [u["task"], str(u["slot"]), str(u["attempts"]), ", ".join(u["reasons"]) or "–", "; ".join([*u["breaches"], u["message"]] if u["message"] else u["breaches"]) or "–"]
+                        for u in r["unmeasured"]
+                    ],
+                    align=["l", "r", "r", "l", "l"],
+                )
+            )
+        if r["pending"]:
+            per: dict[str, list[str]] = defaultdict(list)
+            for p in r["pending"]:
+                per[p["task"]].append(str(p["slot"]))
+            ublocks.append(TextBlock(["never ran: " + "; ".join(f"{t} (trials {', '.join(v)})" for t, v in per.items())], style="warn"))
+        sections.append(Section("unmeasured", "Unmeasured slots", ublocks))
+
+    # ---- diagnostics
+    dr, ov = r["drift"], r["overdispersion"]
+    sections.append(
+        Section(
+            "diagnostics",
+            "Diagnostics",
+            [
+                TextBlock(
+                    [
+                        f"drift (early vs late trials): {dr['verdict']}",
+                        f"overdispersion (across tasks): {ov['verdict']}",
+                    ]
+                )
+            ],
+        )
+    )
+    return sections
+
+
+
+def comparison_sections(c: dict[str, Any]) -> list[Section]:
+    hk = [k for k in c["ks"] if k > 1]
+    secs: list[Section] = []
+    notes = []
+    if c["identity"]["blocking"]:
+        notes += [f"compared despite: {x}" for x in c["identity"]["blocking"]]
+    notes += c["identity"]["warnings"]
+    if notes:
+        secs.append(Section("identity", "Identity differences", [TextBlock(notes, style="warn")]))
+    srows = [
+        [s["metric"], f3(s["a"]), f3(s["b"]), f"{s['delta']:+.3f}", fci(s["low"], s["high"]), str(s["n_tasks"])]
+        for s in c["suite"]
+    ]
+    t = c["test"]
+    secs.append(
+        Section(
+            "suite",
+            "Suite (B − A, common tasks)",
+            [
+                TableBlock(["metric", "A", "B", "Δ", "95% CI of Δ (paired bootstrap)", "tasks"], srows, align=["l", "r", "r", "r", "r", "r"]),
+                TextBlock([f"paired test ({t['method']}): {t['detail']}"]),
+            ],
+        )
+    )
+    rows = []
+    for p in c["per_task"]:
+        rows.append(
+            [p["task"], p["marks_a"], p["marks_b"], f"{p['c_a']}/{p['n_a']}", f"{p['c_b']}/{p['n_b']}", f3(p["pass1_a"]), f3(p["pass1_b"]), f"{p['delta_pass1']:+.3f}"]
+            + [("–" if p["delta_pass_hat_k"].get(f"pass^{k}") is None else f"{p['delta_pass_hat_k'][f'pass^{k}']:+.3f}") for k in hk]
+        )
+    secs.append(
+        Section(
+            "tasks",
+            "Tasks (largest drop first)",
+            [TableBlock(["task", "A", "B", "c/n A", "c/n B", "pass@1 A", "pass@1 B", "Δ pass@1"] + [f"Δ pass^{k}" for k in hk], rows, align=["l", "l", "l", "r", "r", "r", "r", "r"] + ["r"] * len(hk), marks_cols=(1, 2))],
+        )
+    )
+    other = []
+    if c["only_in_a"]:
+        other.append(f"only in A ({len(c['only_in_a'])}): {', '.join(c['only_in_a'])}")
+    if c["only_in_b"]:
+        other.append(f"only in B ({len(c['only_in_b'])}): {', '.join(c['only_in_b'])}")
+    if c["unmeasured"]:
+        other.append(f"unmeasured in A or B, not compared ({len(c['unmeasured'])}): {', '.join(c['unmeasured'])}")
+    if other:
+        secs.append(Section("other", "Tasks not compared", [TextBlock(other)]))
+    return secs

@@ -1,0 +1,269 @@
+"""Renderers of reports and comparisons: a rich table (terminal), Markdown (paste-ready for
+a PR comment), a self-contained HTML page and JUnit XML. Each takes the report's JSON data
+(``Report.data()``) or a comparison, lays it out with ``harness.report.layout`` and prints
+nothing itself."""
+
+from __future__ import annotations
+
+import html as _html
+import xml.etree.ElementTree as ET
+from typing import Any, Sequence
+
+from harness.report.build import counts_text, ks_text
+from harness.report.layout import HtmlBlock, Section, TableBlock, TextBlock, comparison_sections, f3, failures_text, fci, report_sections
+
+def render_table(report: dict[str, Any]) -> Any:
+    """The report as rich renderables (a ``rich.console.Group``) for a terminal."""
+    from rich.console import Group
+    from rich.text import Text
+
+    idn = report["identity"]
+    title = Text(f"harness report · {idn['suite']} · run {report['run']['id']} · profile {idn['profile']}", style="bold")
+    return Group(title, *_rich_sections(report_sections(report)))
+
+
+def _rich_marks(s: str) -> Any:
+    from rich.text import Text
+
+    t = Text()
+    for ch in s:
+        t.append(ch, style={"✓": "green", "✗": "red", "·": "dim", "?": "dim"}.get(ch, ""))
+    return t
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(b: TableBlock) -> list[str]:
+    if not any(b.columns):  # key/value block: a list reads better than a headerless table
+        return [f"- **{_md_cell(row[0])}**: {_md_cell(' · '.join(row[1:]))}" for row in b.rows]
+    cols = b.columns
+    out = ["| " + " | ".join(_md_cell(c) for c in cols) + " |"]
+    out.append("|" + "|".join("---:" if a == "r" else ":---" for a in b.aligns()) + "|")
+    for row in b.rows:
+        cells = [_md_cell(c) for c in row]
+        for i in b.marks_cols:
+            cells[i] = f"`{row[i]}`"
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """GitHub-flavoured Markdown, paste-ready for a PR comment (identity folded in <details>)."""
+    idn = report["identity"]
+    lines = [f"### harness report: `{idn['suite']}` · run `{report['run']['id']}` · profile `{idn['profile']}`", ""]
+    # headline: the figures a reviewer looks for first
+    s = report["suite"]
+    head = []
+    if s["pass@1"]:
+        head.append(f"pass@1 **{f3(s['pass@1']['estimate'])}** {fci(s['pass@1']['low'], s['pass@1']['high'])}")
+    for b in s["by_k"]:
+        if b["pass^k"]:
+            head.append(f"pass^{b['k']} **{f3(b['pass^k']['estimate'])}** {fci(b['pass^k']['low'], b['pass^k']['high'])} (naive {f3(b['naive_pass^k'])})")
+    if head:
+        lines += [" · ".join(head), ""]
+    for sec in report_sections(report):
+        if sec.id == "identity":
+            lines += ["<details><summary>Run identity</summary>", ""]
+            lines += _md_table(sec.blocks[0])
+            lines += ["", "</details>", ""]
+            continue
+        lines += [f"#### {sec.title}", ""]
+        for b in sec.blocks:
+            if isinstance(b, TableBlock):
+                lines += _md_table(b) + [""]
+            elif isinstance(b, TextBlock):
+                if b.style == "warn":
+                    lines += ["\n>\n".join(f"> ⚠️ {x}" for x in b.lines), ""]
+                elif b.style == "muted":
+                    lines += [f"<sub>{_html.escape(x, quote=False)}</sub>" for x in b.lines] + [""]
+                else:
+                    lines += [f"- {x}" for x in b.lines] + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+_CSS = """
+:root { --fg:#1f2328; --muted:#656d76; --line:#d0d7de; --bg:#ffffff; --head:#f6f8fa;
+        --ok:#1a7f37; --bad:#cf222e; --warn-bg:#fff8c5; --warn-line:#d4a72c; }
+* { box-sizing: border-box; }
+body { font: 14px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: var(--fg);
+       background: var(--bg); margin: 0 auto; padding: 24px; max-width: 1200px; }
+h1 { font-size: 20px; margin: 0 0 4px; }
+h2 { font-size: 16px; margin: 28px 0 8px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
+.sub { color: var(--muted); margin-bottom: 16px; }
+table { border-collapse: collapse; margin: 8px 0; width: auto; }
+th, td { border: 1px solid var(--line); padding: 4px 10px; vertical-align: top; }
+th { background: var(--head); text-align: left; font-weight: 600; }
+td.r, th.r { text-align: right; font-variant-numeric: tabular-nums; }
+table.kv td:first-child { color: var(--muted); white-space: nowrap; }
+.marks { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; letter-spacing: 1px; white-space: nowrap; }
+.pass { color: var(--ok); } .fail { color: var(--bad); } .unm, .pend { color: var(--muted); }
+.warn { background: var(--warn-bg); border-left: 4px solid var(--warn-line); padding: 6px 10px; margin: 6px 0; }
+.muted { color: var(--muted); font-size: 12px; }
+ul { margin: 4px 0; padding-left: 20px; }
+footer { margin-top: 32px; color: var(--muted); font-size: 12px; }
+"""
+
+
+def _html_marks(s: str) -> str:
+    cls = {"✓": "pass", "✗": "fail", "·": "unm", "?": "pend"}
+    return '<span class="marks">' + "".join(f'<span class="{cls.get(ch, "")}">{_html.escape(ch)}</span>' for ch in s) + "</span>"
+
+
+def _html_block(b: Any) -> str:
+    e = _html.escape
+    if isinstance(b, HtmlBlock):
+        return b.html
+    if isinstance(b, TextBlock):
+        if b.style == "warn":
+            return "".join(f'<div class="warn">⚠ {e(x)}</div>' for x in b.lines)
+        if b.style == "muted":
+            return "".join(f'<p class="muted">{e(x)}</p>' for x in b.lines)
+        return "<ul>" + "".join(f"<li>{e(x)}</li>" for x in b.lines) + "</ul>"
+    if isinstance(b, TableBlock):
+        kv = not any(b.columns)
+        out = [f'<table class="{"kv" if kv else "grid"}">']
+        if not kv:
+            out.append("<thead><tr>" + "".join(f'<th class="{a}">{e(c)}</th>' for c, a in zip(b.columns, b.aligns())) + "</tr></thead>")
+        out.append("<tbody>")
+        for row in b.rows:
+            cells = []
+            for i, (c, a) in enumerate(zip(row, b.aligns())):
+                inner = _html_marks(c) if i in b.marks_cols else e(c)
+                cells.append(f'<td class="{a}">{inner}</td>')
+            out.append("<tr>" + "".join(cells) + "</tr>")
+        out.append("</tbody></table>")
+        return "".join(out)
+    raise TypeError(f"unknown block {type(b).__name__}")
+
+
+def render_html(report: dict[str, Any], *, extra_sections: Sequence[Section] = (), head_html: str = "") -> str:
+    """One self-contained HTML page (inline CSS, no scripts, no network references).
+
+    ``extra_sections`` are appended after the tables (the later figures section goes here);
+    ``head_html`` is inserted into <head> (e.g. an inlined plotly bundle -- never a CDN link).
+    """
+    e = _html.escape
+    idn = report["identity"]
+    title = f"harness report · {idn['suite']} · run {report['run']['id']}"
+    body = [
+        f"<h1>{e(title)}</h1>",
+        f'<div class="sub">profile {e(idn["profile"])} · {report["n_tasks"]} tasks × {report["trials"]} trials · '
+        f'k = {e(ks_text(report["ks"]))} · recomputed from {report["attempts"]["total"]} stored attempts</div>',
+    ]
+    for sec in [*report_sections(report), *extra_sections]:
+        body.append(f'<section id="{e(sec.id)}"><h2>{e(sec.title)}</h2>')
+        body.extend(_html_block(b) for b in sec.blocks)
+        body.append("</section>")
+    body.append(f"<footer>{e(report['schema'])} · harness {e(str(idn['harness_version']))}</footer>")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{e(title)}</title>\n<style>{_CSS}</style>\n{head_html}</head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body>\n</html>\n"
+    )
+
+
+def render_junit(report: dict[str, Any]) -> str:
+    """JUnit XML: one testcase per task, failing when its pass^k (k = gate_k) is below 1.
+
+    A task with fewer than k clean trials cannot be judged and is ``skipped`` (unmeasured
+    slots are never counted as a pass or a fail). The ✓/✗ string and failure kinds are in
+    the failure message.
+    """
+    k = report["gate_k"]
+    idn = report["identity"]
+    metric = f"pass^{k}" if k > 1 else "pass@1"
+    suite_name = f"harness.{idn['suite']}"
+    cases = []
+    failures = skipped = 0
+    total_time = 0.0
+    for t in sorted(report["tasks"], key=lambda x: x["task"]):
+        tc = ET.Element("testcase", classname=suite_name, name=t["task"], time=f"{t['wall_s']:.3f}")
+        total_time += t["wall_s"]
+        v = t["metrics"].get(metric) if k > 1 else t["pass1"]
+        fk = failures_text(t["failure_kinds"])
+        detail = [
+            f"trials: {t['marks']} ({t['c']}/{t['n']} clean trials passed)",
+            f"pass@1 = {f3(t['pass1'])}, {metric} = {f3(v)}",
+            f"failure kinds: {fk or 'none'}",
+        ]
+        if t["unmeasured"]:
+            detail.append("unmeasured slots: " + "; ".join(f"trial {u['slot']} ({', '.join(u['reasons'])})" for u in t["unmeasured"]))
+        if t["discarded"]:
+            detail.append(f"discarded attempts: {t['discarded']} ({counts_text(t['discard_reasons'])})")
+        if v is None:
+            skipped += 1
+            ET.SubElement(tc, "skipped", message=f"unmeasured: {t['n']} clean trial(s) < k={k}; {metric} cannot be computed ({t['marks']})").text = "\n".join(detail)
+        elif v < 1.0 - 1e-12:
+            failures += 1
+            msg = f"{metric} = {f3(v)} < 1: {t['marks']}" + (f" ({fk})" if fk else "")
+            ET.SubElement(tc, "failure", message=msg, type=metric).text = "\n".join(detail)
+        cases.append(tc)
+    root = ET.Element("testsuites", name="harness", tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors="0", time=f"{total_time:.3f}")
+    ts = ET.SubElement(
+        root, "testsuite", name=suite_name, tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors="0",
+        time=f"{total_time:.3f}", timestamp=report["run"]["created_at"] or "", hostname=str(idn["host"].get("hostname", "")),
+    )
+    props = ET.SubElement(ts, "properties")
+    for name, value in (
+        ("run_id", report["run"]["id"]), ("suite_hash", idn["suite_hash"]), ("image", idn["image"]),
+        ("image_digest", idn["image_digest"]), ("profile", idn["profile"]), ("harness_version", idn["harness_version"]),
+        ("cgroup_version", idn["cgroup_version"]), ("trials", str(report["trials"])), ("ks", ks_text(report["ks"])),
+        ("gate_metric", metric),
+    ):
+        ET.SubElement(props, "property", name=name, value=str(value or ""))
+    ts.extend(cases)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+
+def render_comparison_table(c: dict[str, Any]) -> Any:
+    from rich.console import Group
+    from rich.text import Text
+
+    parts: list[Any] = [Text(f"harness compare · A {c['a']['run_id']} ({c['a']['suite']}, {c['a']['profile']}) → B {c['b']['run_id']} ({c['b']['suite']}, {c['b']['profile']})", style="bold")]
+    parts.extend(_rich_sections(comparison_sections(c)))
+    return Group(*parts)
+
+
+def _rich_sections(sections: list[Section]) -> list[Any]:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    for sec in sections:
+        parts.append(Text(""))
+        parts.append(Text(sec.title, style="bold underline"))
+        for b in sec.blocks:
+            if isinstance(b, TableBlock):
+                kv = not any(b.columns)
+                t = Table(show_header=not kv, box=None if kv else box.HEAVY_HEAD, pad_edge=False)
+                for i, (col, al) in enumerate(zip(b.columns, b.aligns())):
+                    t.add_column(col, justify="right" if al == "r" else "left", no_wrap=i == 0 or col in ("trials", "A", "B"))
+                for row in b.rows:
+                    cells: list[Any] = list(row)
+                    for i in b.marks_cols:
+                        cells[i] = _rich_marks(row[i])
+                    t.add_row(*cells)
+                parts.append(t)
+            elif isinstance(b, TextBlock):
+                style = {"warn": "yellow", "muted": "dim"}.get(b.style, "")
+                parts.extend(Text(("⚠ " if b.style == "warn" else "") + line, style=style) for line in b.lines)
+    return parts
+
+
+def render_comparison_markdown(c: dict[str, Any]) -> str:
+    lines = [f"### harness compare: A `{c['a']['run_id']}` → B `{c['b']['run_id']}` (`{c['b']['suite']}`, {c['n_common']} common tasks)", ""]
+    for sec in comparison_sections(c):
+        lines += [f"#### {sec.title}", ""]
+        for b in sec.blocks:
+            if isinstance(b, TableBlock):
+                lines += _md_table(b) + [""]
+            elif isinstance(b, TextBlock):
+                lines += (["\n>\n".join(f"> ⚠️ {x}" for x in b.lines)] if b.style == "warn" else [f"- {x}" for x in b.lines]) + [""]
+    return "\n".join(lines).rstrip() + "\n"

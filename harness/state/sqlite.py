@@ -1,0 +1,166 @@
+"""State kind ``sqlite``: the agent changes one SQLite database, ``/work/state.db``.
+
+At load time every task's fixture is built in memory (the suite's ``state_sql``, then the
+task's ``fixture`` file, then its inline ``fixture_sql``) and every expectation query is run
+against it, so a broken fixture fails at load. In the sandbox the fixture script is an
+input (``/harness/in/fixture.sql``) and the setup phase builds ``state.db`` from it as the
+agent's user. Kept as evidence: the final ``state.db`` (and ``-wal``) and the transcript.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from harness.model.profile import Profile
+from harness.model.suite import SUITE_FILE, Suite, Task
+from harness.model.units import MiB
+from harness.state.base import INPUT_DIR, WORKDIR, AgentInputs, ExportFile, StateKind
+
+STATE_FILE = "state.db"
+TRANSCRIPT_FILE = "transcript.jsonl"
+FIXTURE_FILE = "fixture.sql"
+STATE_PATH = f"{WORKDIR}/{STATE_FILE}"
+EVIDENCE_CAP = 64 * MiB  # state.db and state.db-wal kept up to this size each
+TRANSCRIPT_CAP = 16 * MiB  # the transcript's first 16 MiB are kept
+
+_SETUP = (
+    "import sqlite3\n"
+    f"c = sqlite3.connect({STATE_PATH!r})\n"
+    f"c.executescript(open('{INPUT_DIR}/{FIXTURE_FILE}').read())\n"
+    "c.commit(); c.close()\n"
+)
+
+
+def _sql_error(e: sqlite3.Error) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _tables(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    names = [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    return {n: [r[1] for r in conn.execute(f'PRAGMA table_info("{n}")')] for n in names}
+
+
+class SqliteState(StateKind):
+    """One SQLite file built from SQL scripts; see the module docstring."""
+
+    name = "sqlite"
+
+    def check_suite(self, files: Any, sources: list[str], src: str, problems: list[str]) -> sqlite3.Connection | None:
+        """Build the common fixture (``state_sql`` in order) in memory; None when broken."""
+        conn = sqlite3.connect(":memory:")
+        ok = True
+        for i, rel in enumerate(sources):
+            if not files.inside(rel):
+                problems.append(f"{src}: state_sql.{i}: {rel!r} is outside the suite directory")
+                ok = False
+            elif not files.has(rel):
+                problems.append(f"{src}: state_sql.{i}: no such file {files.display(rel)}")
+                ok = False
+            elif ok:
+                try:
+                    conn.executescript(files.text(rel))
+                except sqlite3.Error as e:
+                    problems.append(f"{src}: state_sql.{i}: {rel}: SQL error: {_sql_error(e)}")
+                    ok = False
+        if not ok:
+            conn.close()
+            return None
+        return conn
+
+    def close_suite(self, ctx: Any) -> None:
+        if ctx is not None:
+            ctx.close()
+
+    def check_task(self, files: Any, src: str, task: Task, base: sqlite3.Connection | None, problems: list[str]) -> bool:
+        """Build the task's fixture once in memory; check its SQL, expectation queries and table names."""
+        fixture_text = None
+        if task.fixture is not None:
+            if not files.inside(task.fixture):
+                problems.append(f"{src}: fixture: {task.fixture!r} is outside the suite directory")
+                return False
+            if not files.has(task.fixture):
+                problems.append(f"{src}: fixture: no such file {files.display(task.fixture)}")
+                return False
+            fixture_text = files.text(task.fixture)
+        if base is None:
+            return True  # the common fixture is broken (already reported); nothing to build on
+        conn = sqlite3.connect(":memory:")
+        try:
+            base.backup(conn)
+            for key, script in (("fixture", fixture_text), ("fixture_sql", task.fixture_sql)):
+                if script is None:
+                    continue
+                try:
+                    conn.executescript(script)
+                except sqlite3.Error as e:
+                    problems.append(f"{src}: {key}: SQL error: {_sql_error(e)}")
+                    return False
+            return _check_names(src, task, _tables(conn), problems) & _check_queries(src, task, conn, problems)
+        finally:
+            conn.close()
+
+    def fixture_text(self, files: Any, sources: list[str], task: Task) -> str:
+        parts = [f"-- harness: {SUITE_FILE} state_sql {rel}\n{files.text(rel)}" for rel in sources]
+        if task.fixture:
+            parts.append(f"-- harness: task {task.id} fixture {task.fixture}\n{files.text(task.fixture)}")
+        if task.fixture_sql:
+            parts.append(f"-- harness: task {task.id} fixture_sql\n{task.fixture_sql}")
+        return "\n".join(parts) + "\n"
+
+    def prepare(self, suite: Suite, task: Task) -> AgentInputs:
+        return AgentInputs(
+            files={FIXTURE_FILE: suite.fixture_sql(task).encode()},
+            setup=["python3", "-I", "-c", _SETUP],
+            env={"HARNESS_STATE": STATE_PATH},
+        )
+
+    def exports(self, profile: Profile) -> list[ExportFile]:
+        return [
+            ExportFile(STATE_FILE, EVIDENCE_CAP),
+            ExportFile(STATE_FILE + "-wal", EVIDENCE_CAP),
+            ExportFile(TRANSCRIPT_FILE, TRANSCRIPT_CAP, keep_head=True),
+        ]
+
+
+def _check_names(src: str, task: Task, tables: dict[str, list[str]], problems: list[str]) -> bool:
+    ok = True
+    for key in ("unchanged", "allow"):
+        for i, item in enumerate(getattr(task, key)):
+            table, _, column = item.partition(".")
+            if table not in tables:
+                problems.append(f"{src}: {key}.{i}: no table {table!r} in the fixture (tables: {', '.join(tables)})")
+                ok = False
+            elif column and column not in tables[table]:
+                problems.append(f"{src}: {key}.{i}: table {table!r} has no column {column!r}")
+                ok = False
+    return ok
+
+
+def _check_queries(src: str, task: Task, conn: sqlite3.Connection, problems: list[str]) -> bool:
+    ok = True
+    conn.execute("PRAGMA query_only = ON")
+    for i, exp in enumerate(task.expect):
+        try:
+            cur = conn.execute(exp.query)
+            cols = [d[0] for d in cur.description or []]
+            cur.fetchall()
+        except sqlite3.Error as e:
+            problems.append(f"{src}: expect.{i}.query: SQL error against the fixture: {_sql_error(e)}")
+            ok = False
+            continue
+        if not cols:
+            problems.append(f"{src}: expect.{i}.query: returns no columns (expect queries must be SELECTs)")
+            ok = False
+            continue
+        for j, row in enumerate(exp.rows or []):
+            if isinstance(row, dict):
+                missing = [c for c in row if c not in cols]
+                if missing:
+                    problems.append(f"{src}: expect.{i}.rows.{j}: column(s) {', '.join(missing)} not in the query's columns ({', '.join(cols)})")
+                    ok = False
+            elif len(row) != len(cols):
+                problems.append(f"{src}: expect.{i}.rows.{j}: {len(row)} values but the query returns {len(cols)} columns ({', '.join(cols)})")
+                ok = False
+    return ok

@@ -1,0 +1,397 @@
+"""The store: runs, attempts, claims and saturation samples, as records in and records out.
+
+SQLite by default at ``./.harness/harness.db``; any SQLAlchemy URL through ``--db`` or
+``HARNESS_DB`` (e.g. ``postgresql+psycopg://user@host/harness``). Attempts are never deleted
+by the harness (``gc --purge`` is the one explicit exception). Each attempt is written with
+its samples in one transaction, which also drops its claim, so a crash loses at most the
+attempts in flight -- and their claims say they existed.
+
+Two modes. ``rw`` (runs, gc) creates tables, adds columns a newer harness defines (never
+drops one) and checks on every write that the SQLite file it opened is still the one on
+disk. ``ro`` (every read-only command) writes nothing at all: a SQLite store is opened
+read-only, and only the columns the database has are selected.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from sqlalchemy import create_engine, delete, event, func, inspect, or_, select, text, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from harness.model.attempt import AttemptRecord
+from harness.model.counters import Sample
+from harness.model.errors import StoreError, StoreLost
+from harness.model.run import RunRecord
+from harness.model.units import utcnow
+from harness.store.orm import AttemptRow, Base, ClaimRow, RunRow, SampleRow
+
+DEFAULT_HOME = ".harness"
+SCHEMA_VERSION = 2
+Mode = Literal["rw", "ro"]
+_SAMPLE_COLS = ("t", "cpu_usage_us", "throttled_us", "nr_throttled", "memory_current", "pids_current", "foreign_cpu_us", "host_mem_available")
+
+
+def harness_home() -> Path:
+    """Project-local folder for the default database, run artifacts and input folders (HARNESS_HOME)."""
+    return Path(os.environ.get("HARNESS_HOME", DEFAULT_HOME))
+
+
+def default_url() -> str:
+    return os.environ.get("HARNESS_DB") or f"sqlite:///{harness_home() / 'harness.db'}"
+
+
+def _sqlite_path(url: str) -> Path | None:
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+        return Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+    return None
+
+
+def _pragmas(write: bool):
+    def apply(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        if write:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+    return apply
+
+
+def _escape_like(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+class Store:
+    """A handle on the database; ``Store.open(url, mode)``."""
+
+    def __init__(self, engine: Engine, url: str, mode: Mode, path: Path | None):
+        self.engine = engine
+        self.url = url
+        self.mode = mode
+        self.path = path
+        self.Session = sessionmaker(engine, expire_on_commit=False)
+        self._file_id: tuple[int, int] | None = None
+        if path is not None and mode == "rw":
+            st = path.stat()
+            self._file_id = (st.st_dev, st.st_ino)
+        self._cols: dict[str, set[str]] = {}
+
+    @classmethod
+    def open(cls, url: str | None = None, mode: Mode = "rw") -> "Store":
+        url = url or default_url()
+        path = _sqlite_path(url)
+        engine_url = url
+        if path is not None:
+            if mode == "ro":
+                if not path.exists():
+                    raise StoreError(f"no harness database at {path}; run `harness run --suite refunds` first or pass --db")
+                engine_url = f"sqlite:///file:{path}?mode=ro&uri=true"
+            else:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise StoreError(f"cannot create {path.parent} for the database: {e.strerror}; pass --db or set HARNESS_DB") from None
+        try:
+            engine = create_engine(engine_url)
+        except (SQLAlchemyError, ImportError, ValueError) as e:
+            raise StoreError(f"cannot use database URL {url!r}: {e}") from None
+        if engine.dialect.name == "sqlite":
+            event.listen(engine, "connect", _pragmas(mode == "rw"))
+        try:
+            if mode == "rw":
+                Base.metadata.create_all(engine)
+                _add_missing_columns(engine)
+                if engine.dialect.name == "sqlite":
+                    # a real write now, so a read-only or locked store fails before a run starts
+                    with engine.begin() as conn:
+                        conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            else:
+                with engine.connect() as conn:
+                    if not inspect(conn).has_table("runs"):
+                        raise StoreError(f"database {url} has no harness tables; is it a harness database? pass --db or set HARNESS_DB")
+        except OperationalError as e:
+            raise StoreError(_explain(url, e)) from None
+        except SQLAlchemyError as e:
+            raise StoreError(f"database {url} cannot be read ({str(getattr(e, 'orig', e)).splitlines()[0]}); "
+                             "is it a harness database? pass --db or set HARNESS_DB") from None
+        return cls(engine, url, mode, path)
+
+    def session(self) -> Session:
+        return self.Session()
+
+    def artifacts_root(self) -> Path:
+        return harness_home() / "runs"
+
+    # -- integrity -------------------------------------------------------------
+    def check(self) -> None:
+        """Raise :class:`StoreLost` when the SQLite file this store opened was deleted or
+        replaced (its writes would go nowhere)."""
+        if self._file_id is None or self.path is None:
+            return
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            raise StoreLost(f"the store {self.path} was deleted while in use; nothing written since is in it "
+                            "(records not stored are kept beside the run's artifacts)") from None
+        if (st.st_dev, st.st_ino) != self._file_id:
+            raise StoreLost(f"the store {self.path} was replaced by another file while in use; "
+                            "records not stored are kept beside the run's artifacts")
+
+    def _tx(self) -> "_Tx":
+        if self.mode != "rw":
+            raise StoreError(f"database {self.url} was opened read-only")
+        self.check()
+        return _Tx(self)
+
+    def _columns(self, table: str) -> set[str]:
+        """The columns ``table`` has in this database (an older one may lack new ones)."""
+        if table not in self._cols:
+            try:
+                self._cols[table] = {c["name"] for c in inspect(self.engine).get_columns(table)}
+            except SQLAlchemyError:
+                self._cols[table] = set()
+        return self._cols[table]
+
+    def _select(self, row: Any) -> Any:
+        have = self._columns(row.__tablename__)
+        return select(*[c for c in row.__table__.columns if c.name in have])
+
+    def _read(self, stmt: Any) -> list[dict[str, Any]]:
+        try:
+            with self.session() as s:
+                return [dict(m) for m in s.execute(stmt).mappings()]
+        except OperationalError as e:
+            raise StoreError(_explain(self.url, e)) from None
+        except SQLAlchemyError as e:
+            raise StoreError(f"database {self.url} cannot be read ({str(getattr(e, 'orig', e)).splitlines()[0]}); "
+                             "is it a harness database? pass --db or set HARNESS_DB") from None
+
+    # -- writes ----------------------------------------------------------------
+    def add_run(self, run: RunRecord) -> None:
+        with self._tx() as s:
+            s.add(RunRow(**run.model_dump()))
+
+    def add_attempt(self, record: AttemptRecord) -> int:
+        """Insert one attempt and its samples in one transaction (dropping its claim); the id."""
+        with self._tx() as s:
+            row = AttemptRow(**record.model_dump(exclude={"id", "samples"}))
+            s.add(row)
+            s.flush()
+            if record.samples:
+                s.execute(SampleRow.__table__.insert(), [{**x.model_dump(), "attempt_id": row.id} for x in record.samples])
+            s.execute(delete(ClaimRow).where(ClaimRow.run_id == record.run_id, ClaimRow.task_id == record.task_id,
+                                             ClaimRow.slot == record.slot, ClaimRow.attempt_no == record.attempt_no))
+            return row.id
+
+    def claim_attempt(self, run_id: str, task_id: str, slot: int, attempt_no: int, seed: int, controller: str) -> None:
+        """Say that an attempt starts now (see :class:`~harness.store.orm.ClaimRow`)."""
+        with self._tx() as s:
+            s.add(ClaimRow(run_id=run_id, task_id=task_id, slot=slot, attempt_no=attempt_no, seed=seed,
+                           controller=controller, started_at=utcnow()))
+
+    def orphan_claims(self, run_id: str) -> list[dict[str, Any]]:
+        """Claims of ``run_id`` left by a controller that died (no record was stored)."""
+        if "attempt_claims" not in inspect(self.engine).get_table_names():
+            return []
+        return self._read(select(ClaimRow.__table__).where(ClaimRow.run_id == run_id).order_by(ClaimRow.task_id, ClaimRow.slot))
+
+    def claim_run(self, run_id: str, expected_controller: str | None, controller: str) -> bool:
+        """Compare-and-swap the run's controller: True when this process now owns the run,
+        False when another controller claimed it first (two `--resume` at once)."""
+        cond = RunRow.controller.is_(None) if expected_controller is None else RunRow.controller == expected_controller
+        if expected_controller == "":
+            cond = or_(RunRow.controller.is_(None), RunRow.controller == "")
+        with self._tx() as s:
+            res = s.execute(update(RunRow).where(RunRow.id == run_id, cond).values(
+                controller=controller, status="running", finished_at=None, heartbeat_at=utcnow()))
+            return res.rowcount == 1
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        with self._tx() as s:
+            r = s.get(RunRow, run_id)
+            if r is None:
+                raise StoreError(f"run {run_id!r}: no such run")
+            for k, v in fields.items():
+                setattr(r, k, v)
+
+    def set_run_status(self, run_id: str, status: str, finished: bool = True) -> None:
+        with self._tx() as s:
+            r = s.get(RunRow, run_id)
+            if r is not None:
+                r.status = status
+                if finished:
+                    r.finished_at = utcnow()
+
+    def heartbeat(self, run_id: str) -> None:
+        """The running controller is alive (``--resume`` from elsewhere waits while it is fresh)."""
+        with self._tx() as s:
+            s.execute(update(RunRow).where(RunRow.id == run_id).values(heartbeat_at=utcnow()))
+
+    def purge_runs(self, ids: list[str]) -> dict[str, int]:
+        """Delete the rows of these runs (``gc --purge``): samples, claims, attempts, runs."""
+        with self._tx() as s:
+            att = select(AttemptRow.id).where(AttemptRow.run_id.in_(ids))
+            out = {"samples": s.execute(delete(SampleRow).where(SampleRow.attempt_id.in_(att))).rowcount}
+            s.execute(delete(ClaimRow).where(ClaimRow.run_id.in_(ids)))
+            out["attempts"] = s.execute(delete(AttemptRow).where(AttemptRow.run_id.in_(ids))).rowcount
+            out["runs"] = s.execute(delete(RunRow).where(RunRow.id.in_(ids))).rowcount
+            return out
+
+    # -- reads -----------------------------------------------------------------
+    def _run_records(self, stmt: Any) -> list[RunRecord]:
+        return [_run_record(r) for r in self._read(stmt)]
+
+    def get_run(self, ref: str) -> RunRecord:
+        """A run by id, unique id prefix, or ``last``."""
+        q = self._select(RunRow)
+        rows = self._run_records(q.where(RunRow.id == ref))
+        if rows:
+            return rows[0]
+        rows = self._run_records(q.where(RunRow.id.like(_escape_like(ref) + "%", escape="\\")).limit(2))
+        if len(rows) == 1:
+            return rows[0]
+        if ref in ("last", "latest"):
+            last = self._run_records(q.order_by(RunRow.created_at.desc()).limit(1))
+            if last:
+                return last[0]
+        hint = "ambiguous prefix" if rows else "no such run"
+        raise StoreError(f"run {ref!r}: {hint}; list runs with `harness runs`")
+
+    def runs(self, limit: int = 50) -> list[RunRecord]:
+        return self._run_records(self._select(RunRow).order_by(RunRow.created_at.desc()).limit(limit))
+
+    def runs_in_sweep(self, sweep_id: str) -> list[RunRecord]:
+        return self._run_records(self._select(RunRow).where(RunRow.sweep_id == sweep_id).order_by(RunRow.created_at))
+
+    def runs_before(self, cutoff: dt.datetime) -> list[RunRecord]:
+        return self._run_records(self._select(RunRow).where(RunRow.created_at < cutoff).order_by(RunRow.created_at))
+
+    def runs_with_status(self, status: str) -> list[RunRecord]:
+        return self._run_records(self._select(RunRow).where(RunRow.status == status).order_by(RunRow.created_at))
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        rows = self._read(self._select(AttemptRow).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id))
+        return [_attempt_record(r) for r in rows]
+
+    def get_attempt(self, attempt_id: int) -> AttemptRecord:
+        rows = self._read(self._select(AttemptRow).where(AttemptRow.id == attempt_id))
+        if not rows:
+            raise StoreError(f"attempt {attempt_id}: no such attempt; list them with `harness trials RUN`")
+        return _attempt_record(rows[0])
+
+    def samples(self, attempt_id: int) -> list[Sample]:
+        rows = self._read(select(*[SampleRow.__table__.c[c] for c in _SAMPLE_COLS])
+                          .where(SampleRow.attempt_id == attempt_id).order_by(SampleRow.t))
+        return [Sample.model_construct(**r) for r in rows]
+
+    def iter_samples(self, attempt_id: int | None = None, run_id: str | None = None) -> Iterator[dict[str, Any]]:
+        """Samples of one attempt or of every attempt of a run, with the attempt's identity,
+        ordered by attempt and time (streamed)."""
+        q = (
+            select(SampleRow.__table__, AttemptRow.run_id, AttemptRow.task_id, AttemptRow.slot, AttemptRow.attempt_no)
+            .join(AttemptRow, SampleRow.attempt_id == AttemptRow.id)
+            .where(AttemptRow.id == attempt_id if attempt_id is not None else AttemptRow.run_id == run_id)
+            .order_by(SampleRow.attempt_id, SampleRow.t, SampleRow.id)
+        )
+        with self.session() as s:
+            for m in s.execute(q).mappings().yield_per(2000):
+                yield dict(m)
+
+    def counts(self, ids: list[str]) -> dict[str, tuple[int, int]]:
+        """run id -> (attempts, samples)."""
+        with self.session() as s:
+            na = dict(s.execute(select(AttemptRow.run_id, func.count()).where(AttemptRow.run_id.in_(ids)).group_by(AttemptRow.run_id)).all())
+            ns = dict(s.execute(
+                select(AttemptRow.run_id, func.count(SampleRow.id)).join(SampleRow, SampleRow.attempt_id == AttemptRow.id)
+                .where(AttemptRow.run_id.in_(ids)).group_by(AttemptRow.run_id)).all())
+        return {i: (na.get(i, 0), ns.get(i, 0)) for i in ids}
+
+
+_LISTS = ("reasons", "rules", "grade_checks")
+_DICTS = ("state_diff", "envelope", "envelope_applied", "counters", "host_counters", "grade_envelope")
+
+
+def _attempt_record(row: dict[str, Any]) -> AttemptRecord:
+    """A stored row as a record (trusted: our own rows are not validated again)."""
+    for k in _LISTS:
+        if row.get(k) is None:
+            row[k] = []
+    for k in _DICTS:
+        if row.get(k) is None:
+            row[k] = {}
+    return AttemptRecord.model_construct(**row)
+
+
+def _run_record(row: dict[str, Any]) -> RunRecord:
+    for k in ("agent_cmd", "ks", "task_ids"):
+        if row.get(k) is None:
+            row[k] = []
+    for k in ("profile_json", "host"):
+        if row.get(k) is None:
+            row[k] = {}
+    for k in ("controller", "note", "suite_path", "artifacts_dir", "cgroup_version", "identity_hash", "image_digest"):
+        if row.get(k) is None:
+            row[k] = ""
+    return RunRecord.model_construct(**row)
+
+
+class _Tx:
+    def __init__(self, store: Store):
+        self.store = store
+        self.s: Session | None = None
+
+    def __enter__(self) -> Session:
+        self.s = self.store.session()
+        self.s.begin()
+        return self.s
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        assert self.s is not None
+        try:
+            if et is None:
+                self.s.commit()
+            else:
+                self.s.rollback()
+        except OperationalError as e:
+            self.s.rollback()
+            raise StoreLost(_explain(self.store.url, e)) from None
+        finally:
+            self.s.close()
+        if isinstance(ev, OperationalError):
+            raise StoreLost(_explain(self.store.url, ev)) from None
+        if isinstance(ev, IntegrityError):
+            raise StoreError(
+                f"database {self.store.url}: a row that must be unique already exists ({str(ev.orig)[:200]}); "
+                "is another controller running the same run?"
+            ) from None
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Forward-only schema upgrade: add columns a newer harness defines to an older database
+    (nullable, so old rows stay valid). Nothing is ever dropped."""
+    insp = inspect(engine)
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            have = {c["name"] for c in insp.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in have:
+                    ddl = col.type.compile(dialect=engine.dialect)
+                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {ddl}'))
+
+
+def _explain(url: str, e: OperationalError) -> str:
+    msg = str(e.orig) if getattr(e, "orig", None) else str(e)
+    if "readonly" in msg or "read-only" in msg:
+        return f"database {url} is read-only ({msg}); make it writable or pass --db / HARNESS_DB"
+    if "locked" in msg:
+        return f"database {url} is locked by another process ({msg}); wait for it or use another --db"
+    if "unable to open" in msg:
+        return f"cannot open database {url} ({msg}); check the path or pass --db / HARNESS_DB"
+    return f"database {url}: {msg}"
