@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from conftest import missing
 from harness.sandbox.owners import LABEL, LABEL_RUN
 from harness.store.store import Store
 
@@ -22,8 +25,10 @@ pytestmark = pytest.mark.docker
 PROBE = str(Path(__file__).parent / "suites" / "probe")
 
 
-def start(tmp_path: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home"), "PROBE_BURN": "0.6"}
+def start(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.Popen:
+    env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home"), "PROBE_BURN": "0.6", **env_extra}
+    if (tmp_path / "tmp").is_dir():
+        env["TMPDIR"] = str(tmp_path / "tmp")
     return subprocess.Popen(
         [sys.executable, "-m", "harness", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
     )
@@ -65,12 +70,21 @@ def assert_each_slot_once(store: Store, run_id: str, tasks: int, trials: int) ->
 
 
 def test_kill_9_then_resume_fills_every_slot_exactly_once(docker_client, tmp_path):
+    """kill -9 in the middle of an attempt (as the OOM killer would): the run stays 'running',
+    its container and input folder are left behind. The resume records the lost attempt
+    (controller_lost, charged to the slot), removes the leftovers, and fills every slot once."""
     db = tmp_path / "h.db"
+    (tmp_path / "tmp").mkdir()
     p = start(tmp_path, "run", "--suite", PROBE, "--trials", "5", "--max-reruns", "20", "--db", f"sqlite:///{db}")
     run_id = wait_attempts(db, 3)
+    deadline = time.monotonic() + 30
+    while not run_containers(docker_client, run_id) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # inside the agent
     os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=10)
-    # the attempt in flight may have left its container: the resume's start-up sweep removes it
+    inputs = tmp_path / "home" / "inputs"
+    assert any(inputs.iterdir()), "the killed controller left its attempt's input folder"
     r = run_cli(tmp_path, "run", "--resume", run_id, "--db", f"sqlite:///{db}", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -80,6 +94,10 @@ def test_kill_9_then_resume_fills_every_slot_exactly_once(docker_client, tmp_pat
     assert_each_slot_once(store, run_id, tasks=2, trials=5)
     assert store.get_run(run_id).status == "complete"
     assert not run_containers(docker_client, run_id)
+    lost = [a for a in store.attempts(run_id) if a.reasons == ["controller_lost"]]
+    assert len(lost) == 1 and lost[0].verdict == "discarded" and "found by --resume" in lost[0].error
+    assert list(inputs.iterdir()) == []  # swept at the resume's start
+    assert not [n for n in os.listdir(tmp_path / "tmp") if n.startswith("harness-in")]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -166,8 +184,9 @@ def _restart_engine() -> None:
     subprocess.run(["bash", str(engine)], check=True, capture_output=True, timeout=120)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="restarting the engine needs root")
 def test_engine_restart_mid_run_is_infra_error_and_the_run_completes(docker_client, tmp_path):
+    if os.geteuid() != 0:
+        missing("restarting the engine needs root")
     db = tmp_path / "h.db"
     p = start(tmp_path, "run", "--suite", PROBE, "--trials", "4", "--max-reruns", "20", "--db", f"sqlite:///{db}", "--json")
     run_id = wait_attempts(db, 2)
@@ -204,3 +223,84 @@ def test_container_removed_from_outside_is_infra_error_not_a_crash(docker_client
     assert first.verdict == "discarded" and first.reasons == ["infra_error"], (first.verdict, first.reasons, first.error)
     assert "container died" in first.error
     assert [a.verdict for a in atts[1:]] == ["clean"], "the slot was rerun in a fresh container"
+
+
+def test_a_new_attempt_never_starts_after_the_interrupt_cleanup(docker_client, tmp_path):
+    """The cleanup used to race a worker about to start its next sandbox: once stopped, an
+    attempt whose sandbox starts anyway is removed at once and recorded as interrupted."""
+    from harness.engine.events import EventSink
+    from harness.engine.pipeline import AttemptJob, AttemptPipeline
+    from harness.engine.profiles import load_profile
+    from harness.engine.suites import load_suite
+    from harness.model.run import RunRecord
+    from harness.sandbox.docker_sandbox import DockerBackend
+
+    suite = load_suite(PROBE)
+    stop = threading.Event()
+    pipeline = AttemptPipeline(DockerBackend(docker_client, inputs_root=tmp_path / "inputs"), EventSink(), stop)
+    run = RunRecord(id="r-stop", suite="probe", suite_hash=suite.content_hash, image=suite.image, agent_cmd=list(suite.agent_cmd),
+                    profile="standard", harness_version="0", trials=1, max_reruns=0, task_ids=["append"])
+    job = AttemptJob(run=run, suite=suite, task=suite.task("append"), profile=load_profile("standard"), slot=0, attempt_no=1,
+                     seed=1, cpuset=[min(os.sched_getaffinity(0))], concurrent=1, artifacts=tmp_path / "a")
+    stop.set()  # Ctrl-C's cleanup ran just before this attempt's sandbox came up
+    out = pipeline.run(job)
+    assert out.removed and out.record.verdict == "discarded"
+    assert "stopped before the agent started" in out.record.error
+    assert out.record.exit_code is None  # the agent never ran
+    assert not run_containers(docker_client, "r-stop")
+
+
+def test_sweep_stops_on_sigterm_like_on_ctrl_c(docker_client, tmp_path):
+    db = tmp_path / "h.db"
+    p = start(tmp_path, "sweep", "--suite", PROBE, "--headroom", "1,2", "--trials", "3", "--k", "1", "--db", f"sqlite:///{db}",
+              PROBE_BURN="3")
+    run_id = wait_attempts(db, 1)
+    deadline = time.monotonic() + 30
+    while not run_containers(docker_client, run_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    assert time.monotonic() - t0 < 10, "sweep ignored SIGTERM"
+    assert p.returncode == 130
+    assert not docker_client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"dev.harness.owner-pid={p.pid}"]})
+    assert Store.open(f"sqlite:///{db}", mode="ro").get_run(run_id).status == "interrupted"
+
+
+def test_deleting_the_store_mid_run_fails_loudly_and_keeps_the_records(docker_client, tmp_path):
+    db = tmp_path / "h.db"
+    p = start(tmp_path, "run", "--suite", PROBE, "--trials", "4", "--max-reruns", "20", "--db", f"sqlite:///{db}", "--json")
+    run_id = wait_attempts(db, 1)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    out, errs = p.communicate(timeout=120)
+    assert p.returncode == 3, (p.returncode, out, errs)
+    assert "was deleted while in use" in errs and run_id in errs, errs
+    assert "Traceback" not in errs
+    kept = tmp_path / "home" / "runs" / run_id / "unsaved-attempts.jsonl"
+    assert kept.is_file() and json.loads(kept.read_text().splitlines()[0])["run_id"] == run_id
+    assert str(kept) in errs
+    assert not run_containers(docker_client, run_id)
+
+
+def test_a_transcript_over_its_cap_does_not_throw_away_the_state(docker_client, tmp_path):
+    """Export caps used to be one total: a big transcript cost the attempt its final state."""
+    agent = "\n".join([
+        "import os, sqlite3",
+        "c = sqlite3.connect(os.environ['HARNESS_STATE'])",
+        "c.execute('insert into log(seed, seen) values (1, 0)')",
+        "c.commit()",
+        "with open(os.environ['HARNESS_TRANSCRIPT'], 'w') as f:",
+        "    for _ in range(70):",
+        "        f.write('{\"x\": \"' + 'y' * 1000000 + '\"}\\n')",
+    ])
+    r = run_cli(tmp_path, "run", "--suite", PROBE, "--tasks", "append", "--trials", "1", "--k", "1",
+                "--agent-cmd", f"python3 -c {shlex.quote(agent)}", "--db", f"sqlite:///{tmp_path}/h.db", "--json")
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(r.stdout)["run_id"]
+    (a,) = Store.open(f"sqlite:///{tmp_path}/h.db", mode="ro").attempts(run_id)
+    assert a.outcome == "pass", (a.grade_reason, a.error)
+    d = Path(a.artifacts)
+    assert (d / "state.db").is_file()
+    assert (d / "transcript.jsonl").stat().st_size == 16 * 1024 * 1024
+    assert "kept the first 16 MiB of 'transcript.jsonl'" in a.error

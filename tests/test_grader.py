@@ -8,6 +8,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from harness.model.grade import MAX_VERDICT_BYTES, Verdict
 from harness.model.suite import Expectation, Task
 from harness.state import sqlite_grade as g
 from harness.state.expectations import grade_spec
+from harness.state.sqlite import build_fixture_db
 
 TINY = Path(__file__).parent / "fixtures" / "suites" / "tiny"
 
@@ -34,8 +36,20 @@ def build(sql: str, path: Path) -> Path:
     return path
 
 
+_FIXTURES: dict[str, str] = {}
+
+
+def fixture_file(sql: str) -> str:
+    """The fixture database built from ``sql`` the way the state kind builds it for a run."""
+    if sql not in _FIXTURES:
+        p = Path(tempfile.mkdtemp(prefix="harness-test-fixture-")) / "fixture.db"
+        p.write_bytes(build_fixture_db(sql))
+        _FIXTURES[sql] = str(p)
+    return _FIXTURES[sql]
+
+
 def verdict(task: Task, fixture_sql: str, final: Path | None) -> Verdict:
-    raw = g.grade(grade_spec(task), fixture_sql, None if final is None else str(final))
+    raw = g.grade(grade_spec(task), fixture_file(fixture_sql), None if final is None else str(final))
     return Verdict.model_validate_json(g.fit(raw))
 
 
@@ -286,7 +300,7 @@ def test_the_verdict_fits_its_cap_whatever_the_state(tmp_path):
     final = build(sql, tmp_path / "s.db")
     statements = "".join(f"CREATE TABLE t{i} (x TEXT); INSERT INTO t{i} VALUES ('{'z' * 3000}');" for i in range(200))
     run_sql(final, statements)
-    text = g.fit(g.grade(grade_spec(Task(id="x", title="t", prompt="p")), sql, str(final)))
+    text = g.fit(g.grade(grade_spec(Task(id="x", title="t", prompt="p")), fixture_file(sql), str(final)))
     assert len(text.encode()) <= g.MAX_VERDICT_BYTES <= MAX_VERDICT_BYTES
     v = Verdict.model_validate_json(text)
     assert v.diff.tables_total == 200 and len(v.diff.tables) <= 50 and v.diff.truncated
@@ -305,17 +319,15 @@ def test_the_program_runs_on_the_standard_library_alone(refund_one, tmp_path):
     """As in the sandbox: ``python3 -I -S`` (no site-packages, no harness), one verdict on stdout."""
     task, sql, final = refund_one
     run_sql(final, SOLVE)
-    (tmp_path / "fixture.sql").write_text(sql)
-    spec = {**grade_spec(task), "state_path": str(final), "fixture_sql_path": str(tmp_path / "fixture.sql")}
+    spec = {**grade_spec(task), "state_path": str(final), "fixture_path": fixture_file(sql)}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     p = subprocess.run([sys.executable, "-I", "-S", g.__file__, str(tmp_path / "spec.json")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert Verdict.model_validate_json(p.stdout).passed
 
 
-def test_a_fixture_the_grader_cannot_build_is_its_own_failure(tmp_path):
-    (tmp_path / "fixture.sql").write_text("CREATE TABLE broken (")
+def test_a_fixture_the_grader_cannot_read_is_its_own_failure(tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps({**grade_spec(Task(id="x", title="t", prompt="p")), "state_path": str(tmp_path / "none.db"),
-                                                    "fixture_sql_path": str(tmp_path / "fixture.sql")}))
+                                                    "fixture_path": str(tmp_path / "missing-fixture.db")}))
     p = subprocess.run([sys.executable, "-I", "-S", g.__file__, str(tmp_path / "spec.json")], capture_output=True, text=True, timeout=60)
     assert p.returncode == g.EXIT_BROKEN and "sqlite3" in p.stderr and p.stdout == ""

@@ -37,9 +37,9 @@ def build_state(sql: str, path: Path) -> Path:
     return path
 
 
-def grade(task, _fixture: Path, db: Path) -> Verdict:
+def grade(task, fixture: Path, db: Path) -> Verdict:
     """The sandbox's grader program, run in-process on a host copy of the state."""
-    return Verdict.model_validate(sqlite_grade.grade(grade_spec(task), SUITE.fixture_sql(task), str(db)))
+    return Verdict.model_validate(sqlite_grade.grade(grade_spec(task), str(fixture), str(db)))
 
 
 def snapshot_state(path: Path) -> dict[str, list[dict]]:

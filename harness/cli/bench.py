@@ -263,8 +263,8 @@ def bench_report_query(n_attempts: int = 1_000_000, run_attempts: int = 200) -> 
     }
 
 
-_JSON_COLS = ("reasons", "rules", "grade_checks", "state_diff", "envelope", "envelope_applied", "counters", "host_counters")
-_EMPTY = ("[]", "[]", "[]", "{}", "{}", "{}", "{}", "{}")
+_JSON_COLS = ("reasons", "rules", "grade_checks", "state_diff", "envelope", "envelope_applied", "counters", "host_counters", "grade_envelope")
+_EMPTY = ("[]", "[]", "[]", "{}", "{}", "{}", "{}", "{}", "{}")
 
 
 def _insert(con, rows) -> None:

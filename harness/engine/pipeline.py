@@ -27,7 +27,7 @@ from harness.model.profile import Profile
 from harness.model.run import RunRecord
 from harness.model.suite import Suite, Task
 from harness.model.units import format_size, utcnow
-from harness.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from harness.sandbox.base import Command, Sandbox, SandboxBackend, SandboxSpec
 from harness.sandbox.owners import LABEL_ATTEMPT, LABEL_RUN
 from harness.state import grader as grader_named
 from harness.state import state_kind
@@ -194,22 +194,19 @@ class AttemptPipeline:
         if sb.workload_alive():
             ctx.infra = "agent processes survived the kill; the final state cannot be trusted"
             return
-        ctx.grade = self._grade(job, sb, d, grader)
-        if ctx.grade.status == "broken":
+        self._grade_and_export(job, sb, d, ctx, grader, kind)
+        if ctx.grade is not None and ctx.grade.status == "broken":
             ctx.infra = f"grading failed: {ctx.grade.reason}"
-        t = time.monotonic()
-        exp = sb.export([(f.name, f.cap, f.keep_head) for f in kind.exports(profile)], timeout=profile.timeouts.grade)
-        self._phase(job, "export", t)
-        for name, data in exp.files.items():
-            _write(job.artifacts / name, data, d)
-        if exp.problems:
-            d.note("; ".join(exp.problems))
         if not sb.alive() and not ctx.infra:
             ctx.infra = "container died while the final state was graded or exported"
 
-    def _grade(self, job: AttemptJob, sb: Sandbox, d: _Draft, grader: Any) -> GradeResult:
-        """The grader, in this sandbox, under the profile's grade envelope."""
+    def _grade_and_export(self, job: AttemptJob, sb: Sandbox, d: _Draft, ctx: "_Ctx", grader: Any, kind: Any) -> None:
+        """The grader, in this sandbox, under the profile's grade envelope; then the evidence
+        out -- both in one exec. If that exec did not reach the export (killed), the files
+        are copied out on their own."""
         profile = job.profile
+        exports = [(f.name, f.cap, f.keep_head) for f in kind.exports(profile)]
+        exp = None
         t = time.monotonic()
         try:
             now = sb.snapshot()
@@ -222,23 +219,35 @@ class AttemptPipeline:
                 "memory_in_use": used, "memory_for_grader": profile.grade.memory, "timeout_s": profile.timeouts.grade,
             }
             if applied is None or applied.memory_max is None or abs(applied.memory_max - limit) > PAGE or applied.cpu_quota_us != quota:
-                return GradeResult(status="broken", reason=f"grade envelope not applied (asked memory {format_size(limit)}, "
-                                   f"quota {quota} us; kernel {applied.memory_max if applied else None}, {applied.cpu_quota_us if applied else None})")
-            program = grader.program(job.suite, job.task)
-            sb.put_grade_files(program.files)
-            before = sb.snapshot()
-            res = sb.exec(program.cmd, timeout=profile.timeouts.grade, cap=MAX_VERDICT_BYTES, workdir="/tmp")
-            after = sb.snapshot()
-            sb.kill_tree()
-            oom = res.exit_code == 137 and not res.timed_out
-            if before is not None and after is not None and before.oom_kills is not None and after.oom_kills is not None:
-                oom = oom or after.oom_kills > before.oom_kills
-            if res.stderr.strip():
-                _write(job.artifacts / "grade-stderr.txt", res.stderr.encode(), d)
-            return grader.read(res, oom, profile.timeouts.grade)
+                ctx.grade = GradeResult(status="broken", reason=f"grade envelope not applied (asked memory {format_size(limit)}, "
+                                        f"quota {quota} us; kernel {applied.memory_max if applied else None}, "
+                                        f"{applied.cpu_quota_us if applied else None})")
+            else:
+                program = grader.program(job.suite, job.task)
+                sb.put_grade_files(program.files)
+                before = sb.snapshot()
+                exp = sb.export(exports, timeout=profile.timeouts.grade,
+                                then=Command(program.cmd, profile.timeouts.grade, MAX_VERDICT_BYTES))
+                after = sb.snapshot()
+                sb.kill_tree()
+                res = exp.command
+                oom = res.exit_code == 137 and not res.timed_out
+                if before is not None and after is not None and before.oom_kills is not None and after.oom_kills is not None:
+                    oom = oom or after.oom_kills > before.oom_kills
+                if res.stderr.strip():
+                    _write(job.artifacts / "grade-stderr.txt", res.stderr.encode(), d)
+                ctx.grade = grader.read(res, oom, profile.timeouts.grade)
+                d.f["grade_wall_s"] = round(res.wall_s, 4)
         finally:
-            d.f["grade_wall_s"] = round(time.monotonic() - t, 4)
             self._phase(job, "grade", t)
+        if exp is None or not exp.complete:
+            t = time.monotonic()
+            exp = sb.export(exports, timeout=profile.timeouts.grade)
+            self._phase(job, "export", t)
+        for name, data in exp.files.items():
+            _write(job.artifacts / name, data, d)
+        if exp.problems:
+            d.note("; ".join(exp.problems))
 
     # -- the record ------------------------------------------------------------
     def _finish(self, job: AttemptJob, d: _Draft, ctx: "_Ctx", t_start: float) -> AttemptRecord:

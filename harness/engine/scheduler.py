@@ -52,7 +52,7 @@ def _open_lock_dir(d: Path) -> int:
     try:
         fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as e:
-        what = "is a symlink" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
+        what = "is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(d) else f"cannot be opened ({e.strerror})"
         raise SchedulerError(f"the core-lock folder {d} {what}; remove it or set HARNESS_LOCK_DIR") from None
     st = os.fstat(fd)
     if st.st_uid == os.geteuid():

@@ -43,12 +43,25 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class Command:
+    """A command run inside the sandbox right before an export, in the same exec: in its own
+    session, stopped at ``timeout`` seconds of wall time; ``cap`` bytes of each stream kept."""
+
+    cmd: list[str]
+    timeout: float
+    cap: int
+
+
+@dataclass(frozen=True)
 class Exported:
-    """Files copied out of a sandbox: kept bytes, and what was refused or cut, one line each."""
+    """Files copied out of a sandbox: kept bytes, what was refused or cut (one line each), the
+    result of the command run first (if any), and whether the export ran to its end."""
 
     files: dict[str, bytes]
     problems: list[str]
     truncated: list[str] = field(default_factory=list)
+    command: ExecResult | None = None
+    complete: bool = True
 
 
 class Sandbox(ABC):
@@ -94,8 +107,9 @@ class Sandbox(ABC):
         """Write files into the sandbox's read-only /harness/grade (only once the agent is gone)."""
 
     @abstractmethod
-    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float) -> Exported:
-        """Copy plain regular files out of the work directory: (name, cap, keep_head) each."""
+    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float, then: Command | None = None) -> Exported:
+        """Copy plain regular files out of the work directory: (name, cap, keep_head) each;
+        with ``then``, run that command first (the grader), in the same exec."""
 
     @abstractmethod
     def remove(self) -> bool:

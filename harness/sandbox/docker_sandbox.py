@@ -40,7 +40,7 @@ from harness.model.counters import CgroupLimits, CgroupSnapshot, CounterDelta, H
 from harness.model.errors import EngineError, SandboxError
 from harness.model.sandbox import EnvelopeCheck, ExecResult
 from harness.model.units import format_size
-from harness.sandbox.base import Exported, Measured, Sandbox, SandboxBackend, SandboxSpec
+from harness.sandbox.base import Command, Exported, Measured, Sandbox, SandboxBackend, SandboxSpec
 from harness.sandbox.owners import (
     LABEL,
     LABEL_HOST,
@@ -147,15 +147,95 @@ class _Pump:
             return bytes(self.bufs["out"]), bytes(self.bufs["err"]), dict(self.counts), self.error
 
 
-# The export program, run in the sandbox as the workload's user once the agent is gone:
-# a tar of plain regular files of the work directory, each cut at its cap, then a manifest.
-_EXPORT = r"""
-import json, os, stat, sys, tarfile
+# The finish program, run in the sandbox as the workload's user once the agent is gone:
+# optionally a command first (the grader: its own session, its own wall clock, its output
+# in files), then a tar of plain regular files of the work directory, each cut at its cap,
+# then a manifest. One exec for both, so grading costs no extra round trip.
+_FINISH = r"""
+import io, json, os, runpy, select, signal, stat, subprocess, sys, tarfile, time
 spec = json.loads(sys.argv[1])
 out = tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT)
 man = {}
-for name, cap, keep in spec:
-    p = os.path.join(sys.argv[2], name)
+
+def member(name, f, size):
+    ti = tarfile.TarInfo(name)
+    ti.size = size
+    ti.mode = 0o644
+    out.addfile(ti, f)
+
+def run(cmd, timeout, cap):
+    # (exit status, timed out, stdout, stderr, bytes written to each): output through pipes,
+    # the first cap + 1 bytes of each kept, the rest drained; the child is killed with its
+    # whole session at the timeout. Nothing is written to disk (the agent may have filled it).
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    if cmd[:3] == ["python3", "-I", "-S"] and len(cmd) > 3 and cmd[3].endswith(".py"):
+        # a python program under the same flags as this one: fork and run it, instead of
+        # paying for a second interpreter start
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in (out_r, err_r, out_w, err_w):
+                os.close(fd)
+            sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb"), write_through=True)
+            sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb"), write_through=True)
+            sys.argv = cmd[3:]
+            code = 0
+            try:
+                runpy.run_path(cmd[3], run_name="__main__")
+            except SystemExit as x:
+                code = x.code if isinstance(x.code, int) else (0 if x.code is None else 1)
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                code = 70
+            try:
+                sys.stdout.flush()
+            finally:
+                os._exit(code)
+    else:
+        pid = subprocess.Popen(cmd, stdout=out_w, stderr=err_w, stdin=subprocess.DEVNULL, cwd="/tmp", start_new_session=True).pid
+    os.close(out_w)
+    os.close(err_w)
+    pidfd = os.pidfd_open(pid)
+    bufs, counts, open_fds = {out_r: bytearray(), err_r: bytearray()}, {out_r: 0, err_r: 0}, {out_r, err_r}
+    deadline, timed_out, exited = time.monotonic() + timeout, False, False
+    while open_fds or not exited:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            os.killpg(pid, signal.SIGKILL)
+            break
+        ready, _, _ = select.select(list(open_fds) + ([] if exited else [pidfd]), [], [], left)
+        for fd in ready:
+            if fd == pidfd:
+                exited = True
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.discard(fd)
+                continue
+            counts[fd] += len(chunk)
+            room = cap + 1 - len(bufs[fd])
+            if room > 0:
+                bufs[fd] += chunk[:room]
+    rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    for fd in (out_r, err_r, pidfd):
+        os.close(fd)
+    return rc, timed_out, bytes(bufs[out_r]), bytes(bufs[err_r]), counts[out_r], counts[err_r]
+
+cmd = spec.get("cmd")
+if cmd:
+    t0 = time.monotonic()
+    rc, to, o, e, no, ne = run(cmd, spec["timeout"], spec["cap"])
+    man[".command"] = {"exit_code": 128 - rc if rc < 0 else rc, "timed_out": to, "wall_s": round(time.monotonic() - t0, 4),
+                       "out_bytes": no, "err_bytes": ne}
+    member(".harness-cmd-out", io.BytesIO(o), len(o))
+    member(".harness-cmd-err", io.BytesIO(e), len(e))
+for name, cap, keep in spec["files"]:
+    p = os.path.join(spec["workdir"], name)
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -175,16 +255,10 @@ for name, cap, keep in spec:
         man[name] = {"refused": "cannot open: " + (e.strerror or str(e))}
         continue
     with os.fdopen(fd, "rb") as f:
-        ti = tarfile.TarInfo(name)
-        ti.size = min(st.st_size, cap)
-        ti.mode = 0o644
-        out.addfile(ti, f)
-    man[name] = {"size": st.st_size, "kept": ti.size}
+        member(name, f, min(st.st_size, cap))
+    man[name] = {"size": st.st_size, "kept": min(st.st_size, cap)}
 data = json.dumps(man).encode()
-ti = tarfile.TarInfo(".harness-export.json")
-ti.size = len(data)
-import io
-out.addfile(ti, io.BytesIO(data))
+member(".harness-export.json", io.BytesIO(data), len(data))
 out.close()
 """
 
@@ -551,15 +625,17 @@ class DockerSandbox(Sandbox):
                         monitor_errors=mon.errors if mon else 0)
 
     # -- files out -------------------------------------------------------------
-    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float) -> Exported:
+    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float, then: Command | None = None) -> Exported:
         """Copy plain regular files out of the work directory as a tar stream written in the
         sandbox (never the archive API). Symlinks, devices, FIFOs and directories are refused;
-        a file over its cap is cut (``keep_head``) or not kept, and either is reported."""
+        a file over its cap is cut (``keep_head``) or not kept, and either is reported. With
+        ``then``, that command runs first, in the same exec (see :class:`Command`)."""
         spec = [(n, int(c), bool(k)) for n, c, k in files]
         for n, _, _ in spec:
             if "/" in n or n.startswith(".") or not n:
                 raise ValueError(f"export name {n!r} must be a plain file name")
-        limit = sum(c for _, c, _ in spec) + 1024 * 1024  # members, headers and the manifest
+        cmd_cap = then.cap if then else 0
+        limit = sum(c for _, c, _ in spec) + 2 * cmd_cap + 1024 * 1024  # members, headers and the manifest
         sink = io.BytesIO()
         over = [False]
 
@@ -570,7 +646,10 @@ class DockerSandbox(Sandbox):
             sink.write(chunk)
 
         workdir = WORKDIR if WORKDIR in self.profile.tmpfs else "/tmp"
-        res = self.exec(["python3", "-I", "-S", "-c", _EXPORT, json.dumps(spec), workdir], timeout=timeout,
+        prog = {"files": spec, "workdir": workdir}
+        if then is not None:
+            prog.update(cmd=then.cmd, timeout=then.timeout, cap=then.cap)
+        res = self.exec(["python3", "-I", "-S", "-c", _FINISH, json.dumps(prog)], timeout=timeout + (then.timeout if then else 0),
                         cap=64 * 1024, on_stdout=collect)
         problems: list[str] = []
         if res.timed_out:
@@ -579,7 +658,9 @@ class DockerSandbox(Sandbox):
             problems.append(f"export stream larger than {format_size(limit)}; cut off")
         caps = {n: c for n, c, _ in spec}
         kept: dict[str, bytes] = {}
+        cmd_out: dict[str, bytes] = {}
         manifest: dict[str, Any] = {}
+        complete = False
         sink.seek(0)
         try:
             with tarfile.open(fileobj=sink, mode="r|") as tf:
@@ -590,6 +671,11 @@ class DockerSandbox(Sandbox):
                     if m.name == EXPORT_MANIFEST and m.size <= 64 * 1024:
                         f = tf.extractfile(m)
                         manifest = json.loads(f.read()) if f else {}
+                        complete = True
+                        continue
+                    if m.name in (".harness-cmd-out", ".harness-cmd-err") and then is not None and m.size <= cmd_cap + 1:
+                        f = tf.extractfile(m)
+                        cmd_out[m.name[-3:]] = f.read() if f else b""
                         continue
                     if m.name not in caps:
                         problems.append(f"refused unexpected member {m.name!r}")
@@ -601,8 +687,9 @@ class DockerSandbox(Sandbox):
                     kept[m.name] = f.read() if f else b""
         except (tarfile.TarError, ValueError) as e:
             problems.append(f"malformed export stream ({e}; exit {res.exit_code}: {res.stderr.strip()[-200:]})")
+        manifest = manifest if isinstance(manifest, dict) else {}
         truncated = []
-        for name, info in manifest.items() if isinstance(manifest, dict) else []:
+        for name, info in manifest.items():
             if not isinstance(info, dict) or name not in caps:
                 continue
             if "refused" in info:
@@ -611,9 +698,29 @@ class DockerSandbox(Sandbox):
             elif isinstance(info.get("size"), int) and isinstance(info.get("kept"), int) and info["kept"] < info["size"]:
                 truncated.append(name)
                 problems.append(f"kept the first {format_size(info['kept'])} of {name!r} ({format_size(info['size'])})")
-        if res.exit_code not in (0, None) and not res.timed_out and not problems:
+        command = _command_result(then, manifest.get(".command"), cmd_out, res) if then is not None else None
+        if res.exit_code not in (0, None) and not res.timed_out and not problems and command is None:
             problems.append(f"export failed (exit {res.exit_code}): {res.stderr.strip()[-200:]}")
-        return Exported(files=kept, problems=problems, truncated=truncated)
+        return Exported(files=kept, problems=problems, truncated=truncated, command=command, complete=complete)
+
+
+def _command_result(then: Command, info: Any, out: dict[str, bytes], res: ExecResult) -> ExecResult:
+    """The ``then`` command's result as the finish program reported it; when the program
+    itself did not get that far (killed), what the exec says."""
+    if not isinstance(info, dict) or not isinstance(info.get("exit_code"), int):
+        return ExecResult(cmd=then.cmd, exit_code=res.exit_code if not res.timed_out else None, timed_out=res.timed_out,
+                          wall_s=res.wall_s, stderr=res.stderr)
+
+    def text(key: str) -> tuple[str, bool]:
+        b = out.get(key, b"")
+        return b[: then.cap].decode("utf-8", errors="replace"), len(b) > then.cap
+
+    o, o_tr = text("out")
+    e, e_tr = text("err")
+    return ExecResult(cmd=then.cmd, exit_code=info["exit_code"], timed_out=bool(info.get("timed_out")),
+                      wall_s=max(0.0, float(info.get("wall_s") or 0.0)), stdout=o, stderr=e,
+                      stdout_bytes=int(info.get("out_bytes") or 0), stderr_bytes=int(info.get("err_bytes") or 0),
+                      stdout_truncated=o_tr, stderr_truncated=e_tr)
 
 
 def remove_all_live() -> int:

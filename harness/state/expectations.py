@@ -18,8 +18,8 @@ from harness.model.grade import GradeResult, Verdict
 from harness.model.sandbox import ExecResult
 from harness.model.suite import Suite, Task
 from harness.state import sqlite_grade
-from harness.state.base import GRADE_DIR, INPUT_DIR, GradeProgram, Grader
-from harness.state.sqlite import FIXTURE_FILE, STATE_PATH
+from harness.state.base import GRADE_DIR, GradeProgram, Grader
+from harness.state.sqlite import FIXTURE_PATH, STATE_PATH
 
 PROGRAM = "sqlite_grade.py"
 SPEC = "spec.json"
@@ -34,7 +34,7 @@ def grade_spec(task: Task) -> dict:
         "unchanged": list(task.unchanged),
         "allow": list(task.allow),
         "state_path": STATE_PATH,
-        "fixture_sql_path": f"{INPUT_DIR}/{FIXTURE_FILE}",
+        "fixture_path": FIXTURE_PATH,
     }
 
 

@@ -2,14 +2,20 @@
 
 At load time every task's fixture is built in memory (the suite's ``state_sql``, then the
 task's ``fixture`` file, then its inline ``fixture_sql``) and every expectation query is run
-against it, so a broken fixture fails at load. In the sandbox the fixture script is an
-input (``/harness/in/fixture.sql``) and the setup phase builds ``state.db`` from it as the
-agent's user. Kept as evidence: the final ``state.db`` (and ``-wal``) and the transcript.
+against it, so a broken fixture fails at load. For a run, each task's fixture database is
+built once, here, from that trusted SQL; it is an input of every attempt
+(``/harness/in/fixture.db``, read-only), the setup phase copies it to ``/work/state.db`` for
+the agent, and the grader compares the final state with the same file -- so the state the
+agent started from and the one it is graded against are the same bytes. Kept as evidence:
+the final ``state.db`` (and ``-wal``) and the transcript.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import tempfile
+import threading
+from pathlib import Path
 from typing import Any
 
 from harness.model.profile import Profile
@@ -19,17 +25,28 @@ from harness.state.base import INPUT_DIR, WORKDIR, AgentInputs, ExportFile, Stat
 
 STATE_FILE = "state.db"
 TRANSCRIPT_FILE = "transcript.jsonl"
-FIXTURE_FILE = "fixture.sql"
+FIXTURE_FILE = "fixture.db"
 STATE_PATH = f"{WORKDIR}/{STATE_FILE}"
+FIXTURE_PATH = f"{INPUT_DIR}/{FIXTURE_FILE}"
 EVIDENCE_CAP = 64 * MiB  # state.db and state.db-wal kept up to this size each
 TRANSCRIPT_CAP = 16 * MiB  # the transcript's first 16 MiB are kept
 
-_SETUP = (
-    "import sqlite3\n"
-    f"c = sqlite3.connect({STATE_PATH!r})\n"
-    f"c.executescript(open('{INPUT_DIR}/{FIXTURE_FILE}').read())\n"
-    "c.commit(); c.close()\n"
-)
+SETUP = ["install", "-m", "0644", FIXTURE_PATH, STATE_PATH]  # a copy the agent owns and may write
+_BUILT: dict[tuple[str, str], bytes] = {}
+_BUILT_LOCK = threading.Lock()
+
+
+def build_fixture_db(sql: str) -> bytes:
+    """The bytes of a SQLite database built from ``sql`` (the suite's, trusted)."""
+    with tempfile.TemporaryDirectory(prefix="harness-fixture-") as d:
+        path = Path(d) / "fixture.db"
+        conn = sqlite3.connect(path)
+        try:
+            conn.executescript(sql)
+            conn.commit()
+        finally:
+            conn.close()
+        return path.read_bytes()
 
 
 def _sql_error(e: sqlite3.Error) -> str:
@@ -109,12 +126,16 @@ class SqliteState(StateKind):
             parts.append(f"-- harness: task {task.id} fixture_sql\n{task.fixture_sql}")
         return "\n".join(parts) + "\n"
 
+    def fixture_db(self, suite: Suite, task: Task) -> bytes:
+        """The task's fixture database, built once per suite content and task."""
+        key = (suite.content_hash, task.id)
+        with _BUILT_LOCK:
+            if key not in _BUILT:
+                _BUILT[key] = build_fixture_db(suite.fixture_sql(task))
+            return _BUILT[key]
+
     def prepare(self, suite: Suite, task: Task) -> AgentInputs:
-        return AgentInputs(
-            files={FIXTURE_FILE: suite.fixture_sql(task).encode()},
-            setup=["python3", "-I", "-c", _SETUP],
-            env={"HARNESS_STATE": STATE_PATH},
-        )
+        return AgentInputs(files={FIXTURE_FILE: self.fixture_db(suite, task)}, setup=list(SETUP), env={"HARNESS_STATE": STATE_PATH})
 
     def exports(self, profile: Profile) -> list[ExportFile]:
         return [

@@ -13,12 +13,13 @@ A task passes when
 3. nothing differs from the fixture that the task's ``allow`` list does not cover
    (anything else is an *extra effect*).
 
-The fixture is rebuilt in memory from the suite's SQL (trusted). The final state is
-streamed table by table against it, so memory grows with the fixture, not with the state.
+The fixture is the database the harness built from the suite's SQL (trusted; the same file
+the agent's state was copied from). The final state is streamed table by table against it,
+so memory grows with the fixture, not with the state.
 A state that cannot be read -- not SQLite, not a regular file, corrupt, or too big or
 slow for the envelope (then the kernel or the wall clock stops this program) -- makes the
 attempt ``ungradable``. Exit codes: 0 a verdict was printed; 70 the grader itself broke
-(a bug, or a fixture it cannot build): the controller records an infrastructure error.
+(a bug, or a fixture it cannot read): the controller records an infrastructure error.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def open_final_state(path: str) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(uri, uri=True)
         conn.execute("PRAGMA trusted_schema = OFF")
+        conn.execute("PRAGMA temp_store = MEMORY")  # sorts count against the grade envelope, not a full /tmp
         conn.execute("PRAGMA query_only = ON")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error as e:
@@ -131,12 +133,9 @@ def open_final_state(path: str) -> sqlite3.Connection:
     return conn
 
 
-def build_fixture(sql: str) -> sqlite3.Connection:
-    """The task's fixture, built in memory from the suite's (trusted) SQL."""
-    conn = sqlite3.connect(":memory:")
-    conn.executescript(sql)
-    conn.commit()
-    return conn
+def open_fixture(path: str) -> sqlite3.Connection:
+    """The task's fixture database (built by the harness from the suite's SQL: trusted), read-only."""
+    return sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1", uri=True)
 
 
 def _tables(conn: sqlite3.Connection) -> list[str]:
@@ -488,10 +487,11 @@ def grade_connections(spec: dict[str, Any], fx: sqlite3.Connection, st: sqlite3.
     return _verdict("graded", failed is None, failed["detail"] if failed else None, checks, diff)
 
 
-def grade(spec: dict[str, Any], fixture_sql: str, state_path: str | None) -> dict[str, Any]:
-    """Grade the final state at ``state_path`` (see the module docstring). Never raises for
-    anything the agent left; raises only when the trusted fixture cannot be built."""
-    fx = build_fixture(fixture_sql)
+def grade(spec: dict[str, Any], fixture_path: str, state_path: str | None) -> dict[str, Any]:
+    """Grade the final state at ``state_path`` against the fixture database at
+    ``fixture_path`` (see the module docstring). Never raises for anything the agent left;
+    raises only when the trusted fixture cannot be read."""
+    fx = open_fixture(fixture_path)
     try:
         if state_path is None:
             return _verdict("graded", False, "no final state", [], None)
@@ -537,14 +537,12 @@ def fit(verdict: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``sqlite_grade.py SPEC.json``: SPEC names the fixture SQL file, the state path and the
+    """``sqlite_grade.py SPEC.json``: SPEC names the fixture database, the state path and the
     task's expectations; one verdict goes to stdout."""
     try:
         with open(argv[1], encoding="utf-8") as f:
             spec = json.load(f)
-        with open(spec["fixture_sql_path"], encoding="utf-8") as f:
-            fixture_sql = f.read()
-        verdict = grade(spec, fixture_sql, spec["state_path"])
+        verdict = grade(spec, spec["fixture_path"], spec["state_path"])
     except MemoryError:
         verdict = ungradable("the final state cannot be read within the grade envelope (MemoryError)")
     except Exception:  # the grader broke on something it trusts: not the agent's fault

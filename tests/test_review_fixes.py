@@ -1,0 +1,389 @@
+"""Faults a code review and an attack pass found, one test each (no engine needed here; the
+ones that need real containers are in test_faults_docker.py).
+
+Fakes here stand for failures that cannot be caused for real in a unit test, and say so in
+their names (an engine stream that never ends, a cgroup read that fails once, a removal
+the engine refuses twice)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import shutil
+import sqlite3
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.core.plan import pending_slots
+from harness.core import outcome
+from harness.engine.executor import LocalExecutor, Work
+from harness.engine.gc import collect
+from harness.engine.runner import HEARTBEAT_STALE_S, _refuse_live_owner
+from harness.engine.scheduler import CpuPool, LeaseCancelled, allowed_cpus, pin_process
+from harness.engine.suites import load_suite
+from harness.measure.monitor import Monitor
+from harness.model.attempt import AttemptRecord
+from harness.model.counters import CgroupSnapshot, HostSnapshot
+from harness.model.errors import LeaseTimeout, RunError, SchedulerError, StoreError
+from harness.model.run import RunRecord
+from harness.model.units import utcnow
+from harness.sandbox.docker_sandbox import _Pump
+from harness.sandbox.owners import LiveRegistry, controller_host, controller_id, input_folder, pid_namespace, sweep_input_folders
+from harness.state import state_kind
+from harness.store.store import Store
+
+FIXTURES = Path(__file__).parent / "fixtures" / "suites"
+
+
+def run_record(run_id: str = "r1", **kw) -> RunRecord:
+    fields = dict(id=run_id, created_at=utcnow(), status="complete", suite="s", suite_hash="h", image="i", profile="p",
+                  harness_version="0", trials=2, ks=[1], max_reruns=1, task_ids=["t"])
+    fields.update(kw)
+    return RunRecord(**fields)
+
+
+def dead_pid() -> int:
+    p = os.fork()
+    if p == 0:
+        os._exit(0)
+    os.waitpid(p, 0)
+    return p
+
+
+# ---------------------------------------------------------------------------- the executor
+
+
+def test_reruns_of_discarded_slots_run_in_parallel_not_one_by_one():
+    """Workers used to exit while a discarded slot waited to be requeued, so the last reruns
+    ran serially. Workers now live until the driver stops them."""
+    stop = threading.Event()
+    ex = LocalExecutor(CpuPool(cpus=[0, 1], reserved=[], cross_process=False), 2, stop)
+    spans: dict[tuple[str, int], tuple[float, float]] = {}
+
+    def job(key: tuple[str, int]) -> Work:
+        def run(cpuset: list[int]):
+            t0 = time.monotonic()
+            time.sleep(0.3)
+            spans[key] = (t0, time.monotonic())
+            return ("discarded" if key[1] == 1 else "clean"), True, None
+        return Work(key=key, cores=1, run=run)
+
+    for slot in ("a", "b"):
+        ex.submit(job((slot, 1)))
+    outstanding = 2
+    while outstanding:
+        done = ex.results(timeout=5)
+        assert done is not None, "a worker went away"
+        outstanding -= 1
+        if done.result == "discarded":  # the driver requeues the slot, a little later
+            time.sleep(0.25)
+            ex.submit(job((done.key[0], 2)))
+            outstanding += 1
+    ex.close(timeout=5)
+    (a0, a1), (b0, b1) = spans[("a", 2)], spans[("b", 2)]
+    assert min(a1, b1) > max(a0, b0), "the two reruns did not overlap"
+
+
+def test_no_attempt_starts_after_the_run_stops():
+    stop = threading.Event()
+    pool = CpuPool(cpus=[0], reserved=[], cross_process=False)
+    ex = LocalExecutor(pool, 1, stop)
+    started = []
+    ex.submit(Work(key="first", cores=1, run=lambda c: (time.sleep(0.3), started.append("first"))[1:] + (True, None)))
+    ex.submit(Work(key="second", cores=1, run=lambda c: (started.append("second"), True, None)))
+    time.sleep(0.05)
+    ex.stop()  # Ctrl-C: the clean-up has begun
+    got = [ex.results(timeout=5) for _ in range(2)]
+    ex.close(timeout=5)
+    assert started == ["first"]
+    assert [d.key for d in got if d.not_started] == ["second"]
+    assert pool.in_use() == 0
+
+
+def test_a_sandbox_that_could_not_be_removed_keeps_its_cores_until_it_is():
+    """Failed removals used to be forgotten (and the core handed to the next attempt while
+    the container might still run). Now the cores stay leased and the removal is retried."""
+    tries = []
+
+    def removal_fails_twice_fake() -> bool:  # an engine that refuses twice, then removes it
+        tries.append(1)
+        return len(tries) >= 3
+
+    stop = threading.Event()
+    pool = CpuPool(cpus=[0], reserved=[], cross_process=False)
+    ex = LocalExecutor(pool, 1, stop)
+    ex.submit(Work(key="x", cores=1, run=lambda c: ("rec", False, removal_fails_twice_fake)))
+    assert ex.results(timeout=5).result == "rec"
+    assert pool.in_use() == 1 and ex.quarantined == [[0]]
+    for _ in range(2):
+        ex.retry_quarantined()
+        assert pool.in_use() == 1 and ex.quarantined == [[0]]
+    ex.retry_quarantined()  # the third try removes it: only now is the core free
+    assert pool.in_use() == 0 and ex.quarantined == [] and len(tries) == 3
+    ex.close(timeout=5)
+
+
+# ---------------------------------------------------------------------------- the sandbox's own threads
+
+
+def test_a_finished_commands_output_is_not_changed_by_its_reader_thread():
+    """The exec reader thread could still append to the buffers while they were read."""
+    ticks = threading.Event()
+
+    def endless_stream_fake():  # an engine stream that keeps talking after the command was killed
+        while True:
+            ticks.set()
+            yield b"x" * 10, None
+            time.sleep(0.001)
+
+    pump = _Pump(endless_stream_fake(), cap=10**9).start()
+    ticks.wait(2)
+    time.sleep(0.05)
+    out, _err, counts, _e = pump.close()
+    time.sleep(0.05)
+    assert bytes(pump.bufs["out"]) == out and pump.counts["out"] == counts["out"] == len(out)
+
+
+def test_the_monitor_survives_a_read_error():
+    """A read error used to end the monitor thread silently (the rest of the log was lost)."""
+    calls = []
+    snap = CgroupSnapshot(t=0.0, cpu_usage_us=0)
+
+    def flaky_reader_fake(t: float) -> CgroupSnapshot:  # a cgroup file that fails to read once
+        calls.append(t)
+        if len(calls) == 2:
+            raise ValueError("garbled cgroup file")
+        return snap.model_copy(update={"t": t})
+
+    host = HostSnapshot(t=0.0, cpu_total_us={0: 0}, cpu_busy_us={0: 0}, steal_us=0, mem_available=1 << 30)
+    mon = Monitor(flaky_reader_fake, [0], hz=50)
+    mon.start(time.monotonic(), host, snap)
+    time.sleep(0.4)
+    mon.stop()
+    assert mon.errors == 1 and "garbled" in mon.last_error
+    assert len(mon.samples) >= 5  # sampling went on after the error
+
+
+def test_the_live_sandboxes_are_only_read_under_their_lock():
+    reg = LiveRegistry()
+    reg.add("a", object())
+    done = threading.Event()
+    with reg._lock:  # another thread is adding or removing a sandbox right now
+        t = threading.Thread(target=lambda: (reg.remove_all(lambda x: None), done.set()), daemon=True)
+        t.start()
+        assert not done.wait(0.3), "the registry was read while it was being changed"
+    assert done.wait(5)
+
+
+def test_every_controller_thread_is_kept_off_the_trial_cores():
+    """Threads started before the controller pinned itself (the progress display's) used to
+    keep the whole machine's cores and show up as foreign CPU on a trial's core."""
+    cpus = allowed_cpus()
+    started, release = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def progress_thread() -> None:
+        tid.append(threading.get_native_id())
+        started.set()
+        release.wait(5)
+
+    t = threading.Thread(target=progress_thread, daemon=True)
+    t.start()
+    started.wait(5)
+    try:
+        pin_process([cpus[0]])
+        assert os.sched_getaffinity(tid[0]) == {cpus[0]}
+        assert os.sched_getaffinity(0) == {cpus[0]}
+    finally:
+        release.set()
+        pin_process(cpus)
+
+
+# ---------------------------------------------------------------------------- suites
+
+
+def test_fixtures_are_not_read_again_after_the_suite_was_hashed(tmp_path):
+    d = tmp_path / "tiny"
+    shutil.copytree(FIXTURES / "tiny", d)
+    suite = load_suite(d)
+    task = suite.task("cancel-one")
+    before = suite.fixture_sql(task)
+    (d / "sql" / "rows.sql").write_text("-- edited in the middle of the run\n")
+    (d / "sql" / "cancel-one.sql").write_text("-- edited too\n")
+    assert suite.fixture_sql(task) == before
+    inputs = state_kind("sqlite").prepare(suite, task)
+    rows = sqlite3.connect(":memory:")
+    rows.deserialize(inputs.files["fixture.db"])
+    assert rows.execute("SELECT count(*) FROM orders").fetchone()[0] > 0  # built from what was hashed
+    assert load_suite(d).content_hash != suite.content_hash
+
+
+# ---------------------------------------------------------------------------- core leases
+
+
+def _two_cores(tmp_path: Path, monkeypatch) -> CpuPool:
+    monkeypatch.setenv("HARNESS_LOCK_DIR", str(tmp_path / "locks"))
+    return CpuPool(cpus=[0, 1], reserved=[0])
+
+
+def test_a_lease_wait_ends_on_its_timeout_and_when_the_run_stops(tmp_path, monkeypatch):
+    holder = _two_cores(tmp_path, monkeypatch)
+    held = holder.lease(1)  # another controller holds core 1
+    waiter = CpuPool(cpus=[0, 1], reserved=[0])
+    t0 = time.monotonic()
+    with pytest.raises(LeaseTimeout):
+        waiter.lease(1, timeout=0.5)
+    assert time.monotonic() - t0 < 2
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(LeaseCancelled):
+        waiter.lease(1, stop=stop)
+    assert time.monotonic() - t0 < 2
+    assert waiter.in_use() == 0
+    holder.release(held)
+    assert waiter.lease(1, timeout=2) == [1]
+
+
+def test_the_lock_folder_is_never_used_through_a_symlink(tmp_path, monkeypatch):
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    os.chmod(target, 0o700)
+    (tmp_path / "locks").symlink_to(target)
+    monkeypatch.setenv("HARNESS_LOCK_DIR", str(tmp_path / "locks"))
+    with pytest.raises(SchedulerError, match="is a symlink"):
+        CpuPool(cpus=[0, 1], reserved=[0]).lease(1)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700  # not chmod-ed through the link
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_a_lock_file_is_never_followed_or_chmod_ed(tmp_path, monkeypatch, link):
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("root's own file\n")
+    os.chmod(secret, 0o600)
+    if link == "symlink":
+        (locks / "cpu1.lock").symlink_to(secret)
+    else:
+        os.link(secret, locks / "cpu1.lock")
+    monkeypatch.setenv("HARNESS_LOCK_DIR", str(locks))
+    with pytest.raises(SchedulerError, match="cpu1.lock"):
+        CpuPool(cpus=[0, 1], reserved=[0]).lease(1)
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert secret.read_text() == "root's own file\n"
+
+
+# ---------------------------------------------------------------------------- the store
+
+
+def test_a_run_id_prefix_is_matched_literally(tmp_path):
+    store = Store.open(f"sqlite:///{tmp_path}/h.db")
+    store.add_run(run_record("ab_1"))
+    store.add_run(run_record("abx1"))
+    assert store.get_run("ab_").id == "ab_1"  # '_' used to match any character: ambiguous
+    with pytest.raises(StoreError, match="no such run"):
+        store.get_run("%")  # '%' used to match every run
+    with pytest.raises(StoreError, match="ambiguous"):
+        store.get_run("ab")
+
+
+def _db_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_read_only_commands_write_nothing_to_the_store(tmp_path):
+    """trials / show / samples / report / runs / gate used to add missing columns (ALTER
+    TABLE) and create tables in an older database."""
+    db = tmp_path / "h.db"
+    store = Store.open(f"sqlite:///{db}")
+    store.add_run(run_record("r-old", task_ids=["t"], trials=1))
+    aid = store.add_attempt(AttemptRecord(run_id="r-old", task_id="t", slot=0, attempt_no=1, seed=0, verdict="clean", outcome="pass"))
+    store.engine.dispose()
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.execute("ALTER TABLE attempts DROP COLUMN grade_wall_s")  # a database from an older harness
+    conn.execute("DROP TABLE attempt_claims")
+    conn.commit()
+    conn.close()
+    before = _db_digest(db)
+    url = f"sqlite:///{db}"
+    cli = CliRunner()
+    for args in (["trials", "r-old"], ["show", str(aid)], ["samples", str(aid)], ["report", "r-old"], ["runs"],
+                 ["gate", "r-old", "--require", "pass@1>=0.5"], ["trials", "r-old", "--json"]):
+        r = cli.invoke(app, [*args, "--db", url])
+        assert r.exit_code == 0, (args, r.output)
+    assert _db_digest(db) == before
+    cols = {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(attempts)")}
+    assert "grade_wall_s" not in cols
+
+
+def test_gc_keeps_resumable_runs_and_recovers_runs_whose_controller_died(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "home"))
+    store = Store.open(f"sqlite:///{tmp_path}/h.db")
+    old = utcnow() - dt.timedelta(days=40)
+    folders = {}
+    for rid, status, ctl in (("r-int", "interrupted", ""), ("r-dead", "running", f"{controller_host()}:{dead_pid()}"),
+                             ("r-live", "running", controller_id()), ("r-done", "complete", "")):
+        folders[rid] = tmp_path / "home" / "runs" / rid
+        (folders[rid] / "t").mkdir(parents=True)
+        (folders[rid] / "t" / "stdout.txt").write_text("evidence")
+        store.add_run(run_record(rid, created_at=old, status=status, controller=ctl, artifacts_dir=str(folders[rid]),
+                                 heartbeat_at=utcnow()))
+    res = collect(store, dt.timedelta(days=30))
+    assert res["recovered"] == ["r-dead"] and store.get_run("r-dead").status == "interrupted"
+    assert res["skipped_running"] == ["r-live"]
+    assert sorted(res["kept_interrupted"]) == ["r-dead", "r-int"]
+    assert folders["r-int"].is_dir() and folders["r-dead"].is_dir() and folders["r-live"].is_dir()
+    assert not folders["r-done"].exists()
+    res = collect(store, dt.timedelta(days=30), include_interrupted=True)
+    assert not folders["r-int"].exists() and not folders["r-dead"].exists()
+
+
+# ---------------------------------------------------------------------------- resume ownership
+
+
+def test_resume_tells_a_live_controller_in_another_pid_namespace_from_a_dead_one():
+    """Ownership used to be host:pid, judged by this namespace's pids: pid 1 of another
+    container looked alive here, and a live controller elsewhere looked dead."""
+    other_ns = f"{controller_host().split(':')[0]}:4026530000:1"
+    fresh = run_record(status="running", controller=other_ns, heartbeat_at=utcnow())
+    with pytest.raises(RunError, match="another host or pid namespace"):
+        _refuse_live_owner(fresh)
+    stale = fresh.model_copy(update={"heartbeat_at": utcnow() - dt.timedelta(seconds=HEARTBEAT_STALE_S + 5)})
+    _refuse_live_owner(stale)  # silent for too long: dead
+    _refuse_live_owner(run_record(status="running", controller=f"{controller_host()}:{dead_pid()}", heartbeat_at=utcnow()))
+    with pytest.raises(RunError, match="still being run by process"):
+        _refuse_live_owner(run_record(status="running", controller=controller_id(), heartbeat_at=utcnow()))
+
+
+def test_an_attempt_that_kills_its_controller_every_time_ends_unmeasured():
+    """Claims left by a dead controller become controller_lost attempts, charged to the slot:
+    resuming again and again cannot repeat the same attempt forever."""
+    lost = [outcome.controller_lost("r", "t", 0, n, 7, "h:1:2", utcnow(), utcnow()) for n in (1, 2)]
+    pend = pending_slots(lost, ["t"], trials=1, max_reruns=1, run_seed=0)
+    assert pend.slots == [] and pend.progress.unmeasured == 1
+    pend = pending_slots(lost[:1], ["t"], trials=1, max_reruns=1, run_seed=0)
+    assert [(s.slot, s.attempts, s.budget_used) for s in pend.slots] == [(0, 1, 1)]
+
+
+# ---------------------------------------------------------------------------- input folders
+
+
+def test_input_folders_of_a_dead_controller_are_swept(tmp_path):
+    mine = input_folder(tmp_path, "harness-live")
+    leaked = tmp_path / f"{pid_namespace()}-{dead_pid()}-harness-dead"
+    (leaked / "in").mkdir(parents=True)
+    (leaked / "in" / "prompt.txt").write_text("x")
+    other_ns = tmp_path / f"4026530000-{dead_pid()}-harness-elsewhere"
+    other_ns.mkdir()
+    assert sweep_input_folders(tmp_path) == [leaked.name]
+    assert mine.is_dir() and other_ns.is_dir() and not leaked.exists()
