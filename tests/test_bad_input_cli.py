@@ -178,3 +178,12 @@ def test_repeated_task_ids_run_once(tmp_path, docker_client):
     r = harness(tmp_path, "run", "--suite", str(PROBE), "--tasks", "append,append", "--trials", "1", "--k", "1", "--db", db(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
     assert [t["task"] for t in json.loads(r.stdout)["tasks"]] == ["append"]
+
+
+def test_an_agent_command_missing_from_the_image_is_refused_before_the_run(tmp_path, docker_client):
+    """Decided by a probe the harness runs in the image, never by what an agent prints: an
+    agent that exits 127 in a hurry is graded like any other (see test_run_docker)."""
+    r = harness(tmp_path, "run", "--suite", str(PROBE), "--trials", "1", "--k", "1", "--agent-cmd", "no-such-agent --flag",
+                "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "'no-such-agent' is not an executable file on the PATH of image harness/sandbox:latest",
+                       "--agent-cmd")

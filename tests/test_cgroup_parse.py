@@ -1,4 +1,4 @@
-"""harness.cgroup on recorded and hand-written cgroup trees (tests/fixtures/cgroup/README.md).
+"""harness.measure.cgroup on recorded and hand-written cgroup trees (tests/fixtures/cgroup/README.md).
 
 Expected values are written out from the fixture files, never recomputed by the code
 under test.

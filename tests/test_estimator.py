@@ -1,4 +1,4 @@
-"""Tests for harness.estimator: brute force, published worked examples, scipy cross-checks."""
+"""Tests for harness.core.estimator: brute force, published worked examples, scipy cross-checks."""
 
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ def test_container_removed_from_outside_is_infra_error_not_a_crash(docker_client
     deadline = time.monotonic() + 60
     victim = None
     while victim is None and time.monotonic() < deadline:
-        found = docker_client.containers.list(filters={"label": f"{LABEL}=1", "status": "running"})
+        found = docker_client.containers.list(filters={"label": [f"{LABEL}=1", "dev.harness.attempt"], "status": "running"})  # an attempt, not the start-up probe
         victim = found[0] if found else None
         time.sleep(0.05)
     assert victim is not None

@@ -29,10 +29,7 @@ def tiny():
 
 
 def build(sql: str, path: Path) -> Path:
-    conn = sqlite3.connect(path)
-    conn.executescript(sql)
-    conn.commit()
-    conn.close()
+    path.write_bytes(build_fixture_db(sql))  # a fresh state, as setup copies it for the agent
     return path
 
 
@@ -242,7 +239,8 @@ def test_symlink_final_state_is_refused(refund_one, tmp_path):
 def test_reading_changes_nothing(refund_one):
     _, _, final = refund_one
     before = final.read_bytes()
-    conn = g.open_final_state(str(final))
+    conn, copy = g.open_final_state(str(final))
+    assert copy is None
     assert {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")} == {"orders", "refunds", "emails", "notes"}
     with pytest.raises(sqlite3.OperationalError):
         conn.execute("DELETE FROM orders")
@@ -301,7 +299,7 @@ def test_the_verdict_fits_its_cap_whatever_the_state(tmp_path):
     statements = "".join(f"CREATE TABLE t{i} (x TEXT); INSERT INTO t{i} VALUES ('{'z' * 3000}');" for i in range(200))
     run_sql(final, statements)
     text = g.fit(g.grade(grade_spec(Task(id="x", title="t", prompt="p")), fixture_file(sql), str(final)))
-    assert len(text.encode()) <= g.MAX_VERDICT_BYTES <= MAX_VERDICT_BYTES
+    assert len(text.encode()) <= g.VERDICT_TARGET_BYTES <= MAX_VERDICT_BYTES
     v = Verdict.model_validate_json(text)
     assert v.diff.tables_total == 200 and len(v.diff.tables) <= 50 and v.diff.truncated
     assert v.reason.startswith("extra effect: new table t0 (1 row)") and "(and 199 more)" in v.reason
@@ -331,3 +329,88 @@ def test_a_fixture_the_grader_cannot_read_is_its_own_failure(tmp_path):
                                                     "fixture_path": str(tmp_path / "missing-fixture.db")}))
     p = subprocess.run([sys.executable, "-I", "-S", g.__file__, str(tmp_path / "spec.json")], capture_output=True, text=True, timeout=60)
     assert p.returncode == g.EXIT_BROKEN and "sqlite3" in p.stderr and p.stdout == ""
+
+
+# ---------------------------------------------------------------------------- found by an attack pass
+
+PROBE_SQL = ("CREATE TABLE log (id INTEGER PRIMARY KEY, seed INTEGER NOT NULL, seen INTEGER NOT NULL);"
+             "CREATE TABLE audit (id INTEGER PRIMARY KEY, note TEXT NOT NULL); INSERT INTO audit (note) VALUES ('fixture row');")
+PROBE_TASK = Task(id="append", title="t", prompt="p", unchanged=["audit"], allow=["log"],
+                  expect=[Expectation(name="log", query="SELECT seen FROM log", rows=[[0]])])
+
+
+def test_an_index_that_disagrees_with_its_table_is_ungradable(tmp_path):
+    """An index built on another expression, its schema text rewritten: the expectation read
+    the index (0) while the table held 999."""
+    final = build(PROBE_SQL, tmp_path / "s.db")
+    c = sqlite3.connect(final)
+    c.execute("INSERT INTO log (seed, seen) VALUES (1, 999)")
+    c.execute("CREATE INDEX i ON log(seed * 0)")
+    c.commit()
+    c.execute("PRAGMA writable_schema = ON")
+    c.execute("UPDATE sqlite_master SET sql = 'CREATE INDEX i ON log(seen)' WHERE name = 'i'")
+    c.commit()
+    c.close()
+    v = verdict(PROBE_TASK, PROBE_SQL, final)
+    assert v.status == "ungradable" and "integrity check" in v.reason, v.reason
+
+
+def test_an_unfinished_transaction_is_rolled_back_before_grading(tmp_path):
+    final = build(PROBE_SQL, tmp_path / "s.db")
+    code = (f"import os, sqlite3\nc = sqlite3.connect({str(final)!r}, isolation_level=None)\nc.execute('PRAGMA cache_size=1')\n"
+            "c.execute('BEGIN')\nc.execute('INSERT INTO log (seed, seen) VALUES (1, 0)')\n"
+            "c.execute(\"INSERT INTO audit (note) SELECT hex(randomblob(1000)) FROM (WITH RECURSIVE r(x) AS "
+            "(SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 50) SELECT x FROM r)\")\n"
+            "c.execute('DELETE FROM audit WHERE id > 1')\nos._exit(0)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert Path(str(final) + "-journal").stat().st_size > 0
+    before = final.read_bytes()
+    v = verdict(PROBE_TASK, PROBE_SQL, final)
+    assert v.status == "graded" and v.reason == "log: expected 1 row, found 0", v.reason  # what was committed
+    assert final.read_bytes() == before and Path(str(final) + "-journal").exists()  # rolled back on a copy
+
+
+def test_triggers_views_and_redefined_tables_are_extra_effects(tmp_path):
+    final = build(PROBE_SQL, tmp_path / "s.db")
+    run_sql(final, "INSERT INTO log (seed, seen) VALUES (1, 0);"
+                   "CREATE TABLE a2 (id, note); INSERT INTO a2 SELECT * FROM audit; DROP TABLE audit; ALTER TABLE a2 RENAME TO audit;"
+                   "CREATE VIEW secrets AS SELECT 1; CREATE TRIGGER wipe AFTER INSERT ON log BEGIN DELETE FROM audit; END;")
+    v = verdict(PROBE_TASK, PROBE_SQL, final)
+    assert not v.passed
+    assert v.diff.schema_changes == ["table audit redefined: CREATE TABLE \"audit\" (id, note)", "new trigger wipe on log",
+                                     "new view secrets on secrets"], v.diff.schema_changes
+    assert v.reason.startswith("extra effect: schema: table audit redefined") and "(and 2 more)" in v.reason
+
+
+def test_a_blob_where_the_column_holds_text_is_an_extra_effect(tmp_path):
+    """A BLOB never equals TEXT: `note = 'forbidden'` with count = 0 used to pass."""
+    task = Task(id="b", title="t", prompt="p", allow=["log", "audit"],
+                expect=[Expectation(name="nothing forbidden", query="SELECT id FROM audit WHERE note = 'forbidden'", count=0)])
+    final = build(PROBE_SQL, tmp_path / "s.db")
+    run_sql(final, "INSERT INTO audit (note) VALUES (CAST('forbidden' AS BLOB));")
+    v = verdict(task, PROBE_SQL, final)
+    assert v.checks[0].passed and not v.passed
+    assert v.reason == "extra effect: audit.note holds a BLOB in a TEXT column (audit 2)", v.reason
+
+
+def test_vacuum_renumbering_a_keyless_table_is_not_a_change(tmp_path):
+    sql = "CREATE TABLE tags (name TEXT, n INTEGER); INSERT INTO tags VALUES ('a', 1), ('b', 2), ('c', 3); DELETE FROM tags WHERE name = 'a';"
+    final = build(sql, tmp_path / "s.db")
+    run_sql(final, "VACUUM;")
+    assert [r[0] for r in sqlite3.connect(final).execute("SELECT rowid FROM tags")] == [1, 2]  # renumbered
+    v = verdict(Task(id="v", title="t", prompt="p", unchanged=["tags"]), sql, final)
+    assert v.passed, v.reason
+    run_sql(final, "UPDATE tags SET n = 9 WHERE name = 'b';")  # a real change is still one
+    v = verdict(Task(id="v", title="t", prompt="p", unchanged=["tags"]), sql, final)
+    assert not v.passed and v.reason.startswith("tags changed but must be unchanged"), v.reason
+
+
+def test_invalid_utf8_and_terminal_escapes_never_break_or_leave_the_grader(tmp_path):
+    sql = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, CAST(x'ff61' AS TEXT));"
+    final = build(sql, tmp_path / "s.db")
+    run_sql(final, 'CREATE TABLE "[/] \x1b[2J\x1b[32mclean: pass" (x); INSERT INTO t VALUES (2, CAST(x\'c328\' AS TEXT));')
+    text = g.fit(g.grade(grade_spec(Task(id="x", title="t", prompt="p")), fixture_file(sql), str(final)))
+    v = Verdict.model_validate_json(text)
+    assert v.status == "graded" and not v.passed
+    assert "\x1b" not in text and not any(ord(ch) < 32 for ch in v.reason)
+    assert v.diff.table("t").added[0]["v"] == "\ufffd("

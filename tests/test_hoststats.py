@@ -1,4 +1,4 @@
-"""harness.hoststats on recorded /proc trees (tests/fixtures/proc/), plus HostDelta.
+"""harness.measure.host on recorded /proc trees (tests/fixtures/proc/), plus HostDelta.
 
 host_a -> host_a_end: 4 CPUs, USER_HZ 100 (1 tick = 10 000 µs), 5 s apart.
 Per-CPU busy deltas (user+nice+system+irq+softirq, in ticks): cpu0 310, cpu1 250,

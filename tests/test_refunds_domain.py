@@ -25,15 +25,13 @@ from harness.engine.suites import load_suite
 from harness.model.grade import Verdict
 from harness.state import sqlite_grade
 from harness.state.expectations import grade_spec
+from harness.state.sqlite import build_fixture_db
 
 SUITE = load_suite("refunds")
 
 
 def build_state(sql: str, path: Path) -> Path:
-    conn = sqlite3.connect(path)
-    conn.executescript(sql)
-    conn.commit()
-    conn.close()
+    path.write_bytes(build_fixture_db(sql))
     return path
 
 

@@ -252,6 +252,16 @@ def test_a_lease_wait_ends_on_its_timeout_and_when_the_run_stops(tmp_path, monke
     assert waiter.lease(1, timeout=2) == [1]
 
 
+def test_a_lease_takes_free_cores_another_controller_does_not_hold(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_LOCK_DIR", str(tmp_path / "locks"))
+    other = CpuPool(cpus=[0, 1, 2, 3], reserved=[0])
+    assert other.lease(1) == [1]  # another controller holds the lowest trial core
+    mine = CpuPool(cpus=[0, 1, 2, 3], reserved=[0])
+    assert mine.lease(2, timeout=1) == [2, 3]
+    with pytest.raises(LeaseTimeout):
+        mine.lease(1, timeout=0.3)
+
+
 def test_the_lock_folder_is_never_used_through_a_symlink(tmp_path, monkeypatch):
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
@@ -387,3 +397,51 @@ def test_input_folders_of_a_dead_controller_are_swept(tmp_path):
     other_ns.mkdir()
     assert sweep_input_folders(tmp_path) == [leaked.name]
     assert mine.is_dir() and other_ns.is_dir() and not leaked.exists()
+
+
+# ---------------------------------------------------------------------------- found by a review and an attack pass
+
+
+def test_an_interrupted_attempt_keeps_the_rules_that_discarded_it():
+    rec = AttemptRecord(run_id="r", task_id="t", slot=0, attempt_no=1, seed=0, verdict="discarded", reasons=["infra_error"],
+                        rules=[{"rule": "infra_error", "scope": "host", "breached": True, "detail": "container died"}])
+    out = outcome.interrupted(rec)
+    assert out.reasons == ["infra_error", "interrupted"] and [r["rule"] for r in out.rules] == ["infra_error", "interrupted"]
+    assert outcome.charged([out]) == 0
+    # an attempt discarded for the host before the interrupt ran to its end: not "cut short"
+    host = rec.model_copy(update={"reasons": ["host_cpu_contention"]})
+    assert not outcome.cut_short(host) and outcome.cut_short(rec)
+
+
+def test_records_a_failed_store_could_not_take_are_stored_at_resume(tmp_path):
+    from harness.engine.runner import Runner
+    from harness.model.profile import Profile
+
+    store = Store.open(f"sqlite:///{tmp_path}/h.db")
+    run = run_record("r-u", artifacts_dir=str(tmp_path / "runs" / "r-u"), trials=2)
+    store.add_run(run)
+    (tmp_path / "runs" / "r-u").mkdir(parents=True)
+    kept = [AttemptRecord(run_id="r-u", task_id="t", slot=i, attempt_no=1, seed=0, verdict="clean", outcome="pass") for i in range(2)]
+    store.add_attempt(kept[0])  # the first one made it before the store failed
+    (tmp_path / "runs" / "r-u" / "unsaved-attempts.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in kept))
+    runner = Runner(store, run, suite=None, profile=Profile(name="p"), tasks=[], client=None, pool=CpuPool(cpus=[0], cross_process=False))
+    runner._import_unsaved()
+    assert sorted((a.slot, a.attempt_no) for a in store.attempts("r-u")) == [(0, 1), (1, 1)]  # each once
+    assert (tmp_path / "runs" / "r-u" / "unsaved-attempts.jsonl.imported").is_file()
+
+
+def test_show_never_passes_agent_text_to_the_terminal_as_markup_or_escapes(tmp_path):
+    store = Store.open(f"sqlite:///{tmp_path}/h.db")
+    store.add_run(run_record("r-esc", task_ids=["t"], trials=1))
+    evil = "[/] \x1b[2J\x1b[32mclean: pass [/bold]"
+    art = tmp_path / "a"
+    art.mkdir()
+    (art / "stdout.txt").write_text(f"hello {evil}\n")
+    aid = store.add_attempt(AttemptRecord(
+        run_id="r-esc", task_id="t", slot=0, attempt_no=1, seed=0, verdict="clean", outcome="fail", failure_kind="wrong_state",
+        grade_reason="extra effect: new table [/] (1 row)", artifacts=str(art),
+        state_diff={"tables": [{"table": evil, "status": "added", "counts": {"added": 1}}], "tables_total": 1,
+                    "lines": [f"new table {evil} (1 row)"], "lines_total": 1}))
+    r = CliRunner().invoke(app, ["show", str(aid), "--db", f"sqlite:///{tmp_path}/h.db"])
+    assert r.exit_code == 0, r.output
+    assert "\x1b[2J" not in r.output and "[/]" in r.output

@@ -184,3 +184,17 @@ def test_concurrent_attempts_never_share_a_core(docker_client, tmp_path):
         for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
             assert s2 >= e1, "two attempts overlapped on one core"
     assert all(t["n"] == 4 for t in out["tasks"])
+
+
+def test_an_agent_that_exits_127_fast_is_graded_not_excused(docker_client, tmp_path):
+    """Exit 127 within a second with 'not found' on stderr used to make the attempt an
+    infra_error (discarded, rerun, then unmeasured): an agent could excuse its failures."""
+    agent = ("python3 -c \"import os, sqlite3, sys; c = sqlite3.connect(os.environ['HARNESS_STATE']); "
+             "c.execute('insert into log(seed, seen) values (1, 5)'); c.commit(); print('sh: 1: tool: not found', file=sys.stderr); "
+             "os._exit(127)\"")
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--suite", PROBE, "--tasks", "append", "--trials", "1", "--k", "1",
+                        "--agent-cmd", agent, "--db", db_url(tmp_path), "--json"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "HARNESS_HOME": str(tmp_path / "home")}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (a,) = Store.open(db_url(tmp_path), mode="ro").attempts(json.loads(r.stdout)["run_id"])
+    assert a.verdict == "clean" and a.outcome == "fail" and a.failure_kind == "crashed" and a.exit_code == 127, (a.reasons, a.error)

@@ -3,8 +3,9 @@
 Exit codes: 0 success, 1 a check failed (doctor problem, gate unmet), 2 usage error
 (bad option, bad suite/profile file, unknown id), 3 infrastructure error (engine down,
 store lost). Any :class:`~harness.model.errors.HarnessError` that reaches the command
-group is printed as ``error: ...`` and mapped to its class's exit code; commands never
-choose exit codes for errors themselves.
+group is printed as ``error: ...`` and mapped to its class's exit code, here and nowhere
+else. A command's own *result* may set the status after printing it (a gate that did not
+hold, the command's exit status in ``sandbox exec``), never an error.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from harness.report.views import (
     headline,
     overlapping,
     parse_age,
+    printable,
     pct,
     rule_value,
     sort_rows,
@@ -273,11 +274,11 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
     c.print(Rule(f"attempt {a.id} · {a.task_id} · trial {a.slot} · attempt {a.attempt_no}", align="left"))
     hl = doc["headline"]
     style = "bold yellow" if a.verdict == "discarded" else ("bold green" if a.outcome == "pass" else "bold red")
-    c.print(Text(hl, style=style))
+    c.print(Text(printable(hl), style=style))
     if a.error:
         last = a.error.strip().splitlines()[-1][:500]
         if last not in hl:  # an infra error is already the headline
-            c.print(Text(("note: " if last.startswith("slot unmeasured") else "error: ") + last, style="red"))
+            c.print(Text(("note: " if last.startswith("slot unmeasured") else "error: ") + printable(last), style="red"))
 
     c.print(Rule("identity", style="dim", align="left"))
     concurrent = f"{a.concurrent} in flight at start"
@@ -354,10 +355,11 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
             graded = Text.assemble("graded ", graded, Text(" — not counted: the attempt was discarded", style="yellow"))
         c.print(graded, Text(f"  exit {a.exit_code}, terminated cleanly {a.terminated_cleanly}, timed out {a.timed_out}"))
         if a.grade_reason:
-            c.print(Text("reason: " + a.grade_reason))
+            c.print(Text("reason: " + printable(a.grade_reason)))
         for ch in a.grade_checks or []:
             mark = Text("✓ ", style="green") if ch.get("passed") else Text("✗ ", style="red")
-            c.print(Text.assemble("  ", mark, f"{ch.get('name')} [{ch.get('kind')}]", (f" — {ch['detail']}" if ch.get("detail") else "")))
+            c.print(Text.assemble("  ", mark, printable(f"{ch.get('name')} [{ch.get('kind')}]"),
+                                  (printable(f" — {ch['detail']}") if ch.get("detail") else "")))
 
     c.print(Rule("state diff vs fixture (what the agent changed)", style="dim", align="left"))
     if not doc["state_diff_summary"]:
@@ -366,11 +368,11 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
         dt_ = Table(show_edge=False, pad_edge=False)
         for col in ("table", "status", "added", "removed", "changed"):
             dt_.add_column(col, justify="left" if col in ("table", "status") else "right")
-        for d in doc["state_diff_summary"]:
-            dt_.add_row(d["table"], d["status"], f"+{d['added']}", f"-{d['removed']}", f"~{d['changed']}")
+        for d in doc["state_diff_summary"]:  # table names come from the agent's state: never markup
+            dt_.add_row(Text(printable(str(d["table"]))), Text(printable(str(d["status"]))), f"+{d['added']}", f"-{d['removed']}", f"~{d['changed']}")
         c.print(dt_)
         for line in diff_lines(a.state_diff):
-            c.print(Text("  " + line))
+            c.print(Text("  " + printable(line)))
 
     for name in ARTIFACT_FILES:
         tail = doc["artifacts"]["tails"].get(name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from harness.core.sla import ENVELOPE_RULES
 from harness.model.attempt import AttemptRecord
 from harness.model.grade import GradeResult
 from harness.model.outcomes import SlotStatus
@@ -20,7 +21,6 @@ from harness.model.sandbox import ExecResult
 
 # reasons of discarded attempts that are not the slot's doing: never charged to its budget
 UNCHARGED = ("interrupted",)
-ENVELOPE_REASONS = ("cpu_throttled", "memory_pressure")
 
 
 def classify_command(exec_result: ExecResult | None, oom_kills: int | None) -> str:
@@ -34,18 +34,12 @@ def classify_command(exec_result: ExecResult | None, oom_kills: int | None) -> s
     return "ok" if exec_result.exit_code == 0 else "crashed"
 
 
-def agent_start_failure(res: ExecResult, agent_cmd: list[str]) -> str | None:
-    """Why the agent command never ran (None if it did): exit 126/127 within 2 s with a
-    'not found' / 'permission denied' message is a wrong command, not an agent scoring 0."""
+def agent_start_failure(res: ExecResult) -> str | None:
+    """Why the agent never ran (None if it did), from what the engine says -- never from what
+    the agent printed or its exit status (an agent could make its own failures look like a
+    harness problem). A command missing from the image is refused before the run starts."""
     if res.exit_code is None and not res.timed_out:
         return f"agent exec failed: {res.stderr.strip()[-300:]}"
-    if res.exit_code in (126, 127) and not res.timed_out and res.wall_s < 2:
-        out = (res.stdout + res.stderr).strip()
-        if not out or "not found" in out or "permission denied" in out.lower() or "exec failed" in out:
-            return (
-                f"the agent command {list(agent_cmd)!r} could not be started (exit {res.exit_code}): {out[-200:]}; "
-                "check --agent-cmd or agent_cmd in suite.toml"
-            ).strip()
     return None
 
 
@@ -66,12 +60,22 @@ def graded_outcome(exit_code: int | None, timed_out: bool, oom_kills: int | None
     return "pass", None, None
 
 
-def interrupted(record: AttemptRecord) -> AttemptRecord:
-    """A discarded attempt cut short because the controller was stopped: evidence, but not
-    the slot's fault, so not scored and not charged to its rerun budget."""
-    rule = {"rule": "interrupted", "scope": "host", "value": None, "threshold": None, "breached": True,
-            "detail": "the controller was stopped (Ctrl-C / SIGTERM) during this attempt; not scored, not charged to the rerun budget"}
-    return record.model_copy(update={"reasons": ["interrupted"], "rules": [rule]})
+INTERRUPTED_DETAIL = "the controller was stopped (Ctrl-C / SIGTERM) during this attempt; not scored, not charged to the rerun budget"
+
+
+def interrupted(record: AttemptRecord, detail: str = INTERRUPTED_DETAIL) -> AttemptRecord:
+    """An attempt the controller cut short by stopping (its sandbox removed under it):
+    evidence, but not the slot's fault, so not scored and not charged to its rerun budget.
+    Its own reasons and rules are kept; the ``interrupted`` rule is added."""
+    rule = {"rule": "interrupted", "scope": "host", "value": None, "threshold": None, "breached": True, "detail": detail}
+    reasons = list(record.reasons) + (["interrupted"] if "interrupted" not in record.reasons else [])
+    return record.model_copy(update={"verdict": "discarded", "reasons": reasons, "rules": list(record.rules) + [rule]})
+
+
+def cut_short(record: AttemptRecord) -> bool:
+    """Did this attempt end because its sandbox went away (what an interrupt does to the
+    attempts in flight), rather than run to its end?"""
+    return record.verdict == "discarded" and "infra_error" in record.reasons
 
 
 def controller_lost(run_id: str, task_id: str, slot: int, attempt_no: int, seed: int, controller: str, started_at, now) -> AttemptRecord:
@@ -91,9 +95,15 @@ def charged(attempts: Iterable[AttemptRecord]) -> int:
 
 def unmeasured_note(record: AttemptRecord, budget_used: int, max_reruns: int, task_id: str) -> str:
     """The note on the attempt that spent a slot's rerun budget."""
-    if record.reasons and all(r in ENVELOPE_REASONS for r in record.reasons):
+    if record.reasons and all(r in ENVELOPE_RULES for r in record.reasons):
         return f"slot unmeasured after {budget_used} attempts: the envelope is too small for task {task_id}"
     return f"slot unmeasured after {budget_used} attempts (rerun budget {max_reruns} spent)"
+
+
+def first_clean(attempts: Iterable[AttemptRecord]) -> AttemptRecord | None:
+    """The clean attempt that fills a slot: the first by attempt number (there should be one)."""
+    clean = sorted((a for a in attempts if a.verdict == "clean"), key=lambda a: (a.attempt_no, a.id or 0))
+    return clean[0] if clean else None
 
 
 def slot_status(clean: AttemptRecord | None, discarded: list[AttemptRecord], max_reruns: int | None) -> SlotStatus:

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from harness.core.outcome import charged
+from harness.core.outcome import charged, first_clean
 from harness.model.attempt import AttemptRecord
 from harness.model.errors import RunError
 
@@ -90,11 +90,11 @@ def pending_slots(attempts: Iterable[AttemptRecord], task_ids: list[str], trials
     for task in task_ids:
         for i in range(trials):
             atts = by_slot.get((task, i), [])
-            clean = [a for a in atts if a.verdict == "clean"]
+            clean = first_clean(atts)
             prog.attempts += len(atts)
-            prog.discarded += len(atts) - len(clean)
-            if clean:
-                if clean[0].outcome == "pass":
+            prog.discarded += sum(1 for a in atts if a.verdict != "clean")
+            if clean is not None:
+                if clean.outcome == "pass":
                     prog.passed += 1
                 else:
                     prog.failed += 1

@@ -13,17 +13,7 @@ from harness.model.profile import SLA
 from harness.model.sla import Judgement, RuleResult, Scope
 from harness.model.units import format_size
 
-HOST_RULES = (
-    "infra_error",
-    "controller_lost",
-    "envelope_not_applied",
-    "host_cpu_contention",
-    "host_steal",
-    "host_memory_pressure",
-    "host_io_pressure",
-    "host_memory_low",
-)
-ENVELOPE_RULES = ("cpu_throttled", "memory_pressure")
+ENVELOPE_RULES = ("cpu_throttled", "memory_pressure")  # the envelope starved the task (not the host)
 
 
 def _pct(x: float) -> str:

@@ -19,7 +19,11 @@ def run_command(backend: SandboxBackend, image: str, profile: Profile, cpuset: l
             sb.start()
         except Exception as e:
             return AttemptResult(container=sb.name, image=image, profile=profile.name, cpuset=cpuset, kind="infra_error", error=str(e))
-        m = sb.measured_exec(cmd, timeout=timeout or profile.timeouts.agent, env=env)
+        try:
+            m = sb.measured_exec(cmd, timeout=timeout or profile.timeouts.agent, env=env)
+        except Exception as e:  # a host reading failed, the engine went away
+            return AttemptResult(container=sb.name, image=image, profile=profile.name, cpuset=cpuset, kind="infra_error",
+                                 envelope=sb.envelope, error=f"{type(e).__name__}: {str(e)[:300]}")
         return AttemptResult(
             container=sb.name, image=image, profile=profile.name, cpuset=cpuset, exec=m.result,
             kind=classify_command(m.result, m.counters.oom_kills if m.counters else None),

@@ -132,24 +132,18 @@ class LocalExecutor(Executor):
             work = self._todo.get()
             if work is None:
                 return
-            if self._stop.is_set():
-                self._done.put(Done(work.key, not_started=True))
-                continue
-            self._done.put(self._one(work))
+            with self._qlock:
+                self._busy += 1
+            try:
+                self._done.put(Done(work.key, not_started=True) if self._stop.is_set() else self._attempt(work))
+            finally:
+                with self._qlock:  # only once its result is where the driver will look
+                    self._busy -= 1
 
     def in_flight(self) -> int:
-        """Attempts running (or leasing cores) now."""
+        """Pieces of work taken by a worker whose result is not yet in :meth:`results`."""
         with self._qlock:
             return self._busy
-
-    def _one(self, work: Work) -> Done:
-        with self._qlock:
-            self._busy += 1
-        try:
-            return self._attempt(work)
-        finally:
-            with self._qlock:
-                self._busy -= 1
 
     def _attempt(self, work: Work) -> Done:
         self.retry_quarantined()

@@ -31,11 +31,8 @@ from harness.sandbox.base import Command, Sandbox, SandboxBackend, SandboxSpec
 from harness.sandbox.owners import LABEL_ATTEMPT, LABEL_RUN
 from harness.state import grader as grader_named
 from harness.state import state_kind
-from harness.state.base import INPUT_DIR, WORKDIR
+from harness.model.sandbox import INPUT_DIR, TRANSCRIPT_FILE, WORKDIR
 from harness.engine.events import EventSink
-
-TRANSCRIPT_FILE = "transcript.jsonl"
-
 
 @dataclass(frozen=True)
 class AttemptJob:
@@ -90,34 +87,36 @@ class AttemptPipeline:
             verdict="discarded", cpuset=",".join(map(str, job.cpuset)), concurrent=job.concurrent,
             image=run.image, envelope=profile.model_dump(mode="json"), started_at=utcnow(), artifacts=str(job.artifacts),
         )
-        kind = state_kind(task.state_kind)
-        grader = grader_named(task.grader)
-        state_inputs = kind.prepare(job.suite, task)
-        spec = SandboxSpec(
-            image=run.image, profile=profile, cpuset=job.cpuset,
-            labels={LABEL_RUN: run.id, LABEL_ATTEMPT: f"{task.id}/{job.slot}/{job.attempt_no}"},
-            inputs={**state_inputs.files, "prompt.txt": task.prompt.encode()},
-            with_grade_dir=True,
-        )
-        sb = self.backend.sandbox(spec)
         ctx = _Ctx()
-        removed = False
+        sb: Sandbox | None = None
+        removed = True
         try:
+            kind = state_kind(task.state_kind)
+            grader = grader_named(task.grader)
+            state_inputs = kind.prepare(job.suite, task)
+            spec = SandboxSpec(
+                image=run.image, profile=profile, cpuset=job.cpuset,
+                labels={LABEL_RUN: run.id, LABEL_ATTEMPT: f"{task.id}/{job.slot}/{job.attempt_no}"},
+                inputs={**state_inputs.files, "prompt.txt": task.prompt.encode()},
+                with_grade_dir=True,
+            )
+            sb = self.backend.sandbox(spec)
             job.artifacts.mkdir(parents=True, exist_ok=True)
             self._attempt(job, sb, d, ctx, kind, grader, state_inputs)
         except Exception as e:  # the engine went away mid-attempt, a bug: never lose the attempt
             if not ctx.infra:
-                ctx.infra = (f"{type(e).__name__}: {str(e)[:300]}" if sb.alive() else
+                ctx.infra = (f"{type(e).__name__}: {str(e)[:300]}" if sb is None or sb.alive() else
                              "container died during the attempt (engine restart, removal or kill outside the harness)")
             d.note(traceback.format_exc(limit=3)[-1500:])
         finally:
-            t = time.monotonic()
-            removed = sb.remove()
-            self._phase(job, "remove", t)
-            if not removed:
-                d.note(f"container {sb.name} could not be removed yet; its cores stay leased until it is")
+            if sb is not None:
+                t = time.monotonic()
+                removed = sb.remove()
+                self._phase(job, "remove", t)
+                if not removed:
+                    d.note(f"container {sb.name} could not be removed yet; its cores stay leased until it is")
             record = self._finish(job, d, ctx, t_start)
-        return AttemptOutput(record=record, removed=removed, retry_remove=None if removed else sb.remove)
+        return AttemptOutput(record=record, removed=removed, retry_remove=None if removed or sb is None else sb.remove)
 
     # -- phases ----------------------------------------------------------------
     def _phase(self, job: AttemptJob, name: str, t0: float) -> None:
@@ -175,7 +174,7 @@ class AttemptPipeline:
         d.f["monitor_errors"] = m.monitor_errors
         _write(job.artifacts / "stdout.txt", m.result.stdout.encode(), d)
         _write(job.artifacts / "stderr.txt", m.result.stderr.encode(), d)
-        why = outcome.agent_start_failure(m.result, list(run.agent_cmd))
+        why = outcome.agent_start_failure(m.result)
         if why:
             ctx.infra = why
             return
@@ -226,7 +225,7 @@ class AttemptPipeline:
                 program = grader.program(job.suite, job.task)
                 sb.put_grade_files(program.files)
                 before = sb.snapshot()
-                exp = sb.export(exports, timeout=profile.timeouts.grade,
+                exp = sb.export(exports, timeout=profile.timeouts.grade, dest=job.artifacts,
                                 then=Command(program.cmd, profile.timeouts.grade, MAX_VERDICT_BYTES))
                 after = sb.snapshot()
                 sb.kill_tree()
@@ -242,10 +241,8 @@ class AttemptPipeline:
             self._phase(job, "grade", t)
         if exp is None or not exp.complete:
             t = time.monotonic()
-            exp = sb.export(exports, timeout=profile.timeouts.grade)
+            exp = sb.export(exports, timeout=profile.timeouts.grade, dest=job.artifacts)
             self._phase(job, "export", t)
-        for name, data in exp.files.items():
-            _write(job.artifacts / name, data, d)
         if exp.problems:
             d.note("; ".join(exp.problems))
 

@@ -36,7 +36,7 @@ from harness.model.profile import Profile
 from harness.model.run import RunRecord
 from harness.model.suite import Suite, Task
 from harness.model.units import utcnow
-from harness.sandbox.docker_sandbox import DockerBackend, connect, remove_all_live, retry_removals, sweep_containers
+from harness.sandbox.docker_sandbox import DockerBackend, connect
 from harness.sandbox.images import INPUTS_LABEL, SANDBOX_IMAGE, SUITE_LABEL, dockerfile_inputs, image_identity, image_labels
 from harness.sandbox.owners import controller_id, owner_dead
 from harness.store.store import Store, harness_home
@@ -122,6 +122,7 @@ class Runner:
         self._claimed_from = claimed_from
         self._stop = threading.Event()
         self._interrupted = threading.Event()  # set by interrupt() only, not by controller errors
+        self._stopping = threading.Event()  # the controller is stopping the run (interrupt or its own error)
         self._engine_down = threading.Event()
         self._unsaved: list[AttemptRecord] = []
         self._count_lock = threading.Lock()
@@ -166,12 +167,16 @@ class Runner:
             stale = stale_image_reason(client, suite)
             if stale:
                 raise RunError(stale)
+        agent_cmd = list(opts.agent_cmd or suite.agent_cmd)
+        why = DockerBackend(client).check_command(image, agent_cmd[0], profile)
+        if why:
+            raise RunError(why)
         facts = hoststats.host_facts()
         store = store or Store.open(db)
         run_id = new_run_id()
         fields = dict(
             id=run_id, created_at=utcnow(), status="running", suite=suite.name, suite_hash=suite.content_hash,
-            suite_path=str(suite.root), image=image, image_digest=digest, agent_cmd=list(opts.agent_cmd or suite.agent_cmd),
+            suite_path=str(suite.root), image=image, image_digest=digest, agent_cmd=agent_cmd,
             profile=profile.name, profile_json=profile.model_dump(mode="json"), harness_version=harness.__version__,
             host=facts, cgroup_version=str(facts.get("cgroup_version", "")), trials=trials, ks=ks, max_reruns=max_reruns,
             seed=opts.seed, concurrency=concurrency, task_ids=[t.id for t in tasks], sweep_id=opts.sweep_id,
@@ -233,6 +238,7 @@ class Runner:
             if not self.store.claim_run(self.run.id, self._claimed_from, me):
                 raise RunError(f"run {self.run.id} was just claimed by another controller; not resuming it twice")
             self.store.update_run(self.run.id, concurrency=self.run.concurrency)
+            self._import_unsaved()
             self._record_lost_attempts()
         else:
             self.run = self.run.model_copy(update={"controller": me, "heartbeat_at": utcnow()})
@@ -252,6 +258,7 @@ class Runner:
             outstanding += 1
         error: BaseException | None = None
         beat = time.monotonic()
+        self._in_hand: tuple[SlotState, AttemptRecord] | None = None
         try:
             while outstanding:
                 done = executor.results(timeout=0.2)
@@ -261,16 +268,18 @@ class Runner:
                 if done is None:
                     continue
                 outstanding -= 1
-                if done.error is not None:
+                if done.error is not None:  # a bug in the controller: stop the run, keep the data
                     error = error or done.error
                     self._stop.set()
+                    self._stopping.set()
                     executor.stop()
                     continue
                 if done.not_started:
                     continue
-                st, rec = done.key, done.result
-                rec = self._settle(st, rec)
+                self._in_hand = (done.key, done.result)  # stored even if Ctrl-C comes now
+                st, rec = done.key, self._settle(done.key, done.result)
                 self._store(rec)
+                self._in_hand = None
                 prog.attempts += 1
                 if rec.verdict == "clean":
                     if rec.outcome == "pass":
@@ -279,7 +288,7 @@ class Runner:
                         prog.failed += 1
                 else:
                     prog.discarded += 1
-                    if "infra_error" in rec.reasons:
+                    if "infra_error" in rec.reasons and not self.backend.ping():
                         self._engine_down.set()  # the next attempt waits for the engine first
                     if self._stop.is_set():
                         pass
@@ -293,12 +302,14 @@ class Runner:
             self._on_interrupt(executor, sink, prog, outstanding)
             raise
         except StoreLost as e:
+            if self._in_hand is not None and not any(r is self._in_hand[1] for r in self._unsaved):
+                self._unsaved.append(self._in_hand[1])
             self._abort_store_lost(executor)
             kept = f"; {self._n_unsaved} record(s) it could not store are in {self.unsaved_path}" if self._n_unsaved else ""
             raise StoreLost(f"{e}; run {self.run.id} stopped and its containers were removed{kept}") from None
         executor.close(timeout=30)
         self.backend.sweep_run(self.run.id)
-        retry_removals()
+        self.backend.retry_removals()
         status = "failed" if error is not None else "complete"
         self.store.set_run_status(self.run.id, status)
         sink.run_finished(self.store.get_run(self.run.id), prog)
@@ -334,11 +345,14 @@ class Runner:
         return Work(key=st, cores=profile.cores, run=run)
 
     def _settle(self, st: SlotState, rec: AttemptRecord) -> AttemptRecord:
-        """Outcome policy applied by the driver: interrupted attempts are not charged; the
-        attempt that spends a slot's budget says so."""
-        if self._interrupted.is_set() and rec.verdict == "discarded":
+        """Outcome policy applied by the driver: an attempt the controller cut short by
+        stopping (Ctrl-C, or a controller error) is not charged; one that ran to its end keeps
+        its verdict and reasons; the attempt that spends a slot's budget says so."""
+        if self._stopping.is_set() and outcome.cut_short(rec):
             st.budget_used -= 1
-            return outcome.interrupted(rec)
+            detail = outcome.INTERRUPTED_DETAIL if self._interrupted.is_set() else \
+                "the controller stopped the run after an error of its own; not scored, not charged to the rerun budget"
+            return outcome.interrupted(rec, detail)
         if rec.verdict == "discarded" and st.budget_used > self.run.max_reruns:
             note = outcome.unmeasured_note(rec, st.budget_used, self.run.max_reruns, st.task_id)
             return rec.model_copy(update={"error": (rec.error + "; " if rec.error else "") + note})
@@ -347,8 +361,8 @@ class Runner:
     def _store(self, rec: AttemptRecord) -> None:
         try:
             self.store.add_attempt(rec)
-        except StoreLost:
-            self._unsaved.append(rec)
+        except HarnessError:
+            self._unsaved.append(rec)  # never lost: kept beside the artifacts, imported at --resume
             raise
 
     def _engine_gate(self) -> None:
@@ -358,22 +372,50 @@ class Runner:
         if wait_for_engine(self.backend.ping, ENGINE_WAIT_S, self._stop):
             self._engine_down.clear()
             self.backend.sweep_run(self.run.id)
-            retry_removals()
+            self.backend.retry_removals()
 
-    def _record_lost_attempts(self) -> None:
-        """Claims left by a controller that died while their attempts ran become
-        ``controller_lost`` attempts (charged), so nothing that ran goes unrecorded."""
+    def _record_lost_attempts(self, interrupted: bool = False) -> None:
+        """Claims without a record become attempts, so nothing that ran goes unrecorded: at
+        resume, ``controller_lost`` (its controller died; charged); when this controller was
+        interrupted and an attempt's record never came back, ``interrupted`` (not charged)."""
         now = utcnow()
         for c in self.store.orphan_claims(self.run.id):
             rec = outcome.controller_lost(self.run.id, c["task_id"], c["slot"], c["attempt_no"], c["seed"] or 0,
                                           c["controller"] or "?", c["started_at"], now)
+            if interrupted:
+                rec = outcome.interrupted(rec.model_copy(update={
+                    "reasons": ["infra_error"], "rules": [],
+                    "error": "the controller was stopped while this attempt ran and its record never came back"}))
             self.store.add_attempt(rec)
 
+    def _import_unsaved(self) -> None:
+        """Records a previous controller could not store (its store failed) are stored now,
+        each once, before anything is rerun."""
+        path = self.artifacts / "unsaved-attempts.jsonl"
+        if not path.is_file():
+            return
+        have = {(a.task_id, a.slot, a.attempt_no) for a in self.store.attempts(self.run.id)}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            rec = AttemptRecord.model_validate_json(line)  # written by the harness, never by an agent
+            if rec.run_id == self.run.id and (rec.task_id, rec.slot, rec.attempt_no) not in have:
+                self.store.add_attempt(rec)
+                have.add((rec.task_id, rec.slot, rec.attempt_no))
+        path.rename(path.with_name(path.name + ".imported"))
+
     def _on_interrupt(self, executor: LocalExecutor, sink: Fanout, prog: Progress, outstanding: int) -> None:
-        # a second Ctrl-C must not cut the clean-up short
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # a second Ctrl-C or SIGTERM must not cut the clean-up short
+        old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.interrupt()
+            if self._in_hand is not None:  # finished just before the interrupt: stored as it is
+                st, rec = self._in_hand
+                self._in_hand = None
+                try:
+                    self._store(self._settle(st, rec))
+                except HarnessError:
+                    pass
             # let in-flight attempts land in the store (as `interrupted`) before exiting
             deadline = time.monotonic() + 15
             while outstanding and time.monotonic() < deadline:
@@ -385,26 +427,29 @@ class Runner:
                     rec = self._settle(done.key, done.result)
                     try:
                         self._store(rec)
-                    except StoreLost:
+                    except HarnessError:
                         break
                     sink.attempt_finished(rec, prog)
             executor.close(timeout=5)
+            try:  # attempts whose record never came back: interrupted, not lost
+                self._record_lost_attempts(interrupted=True)
+            except HarnessError:
+                pass
         finally:
-            signal.signal(signal.SIGINT, old)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
             self._write_unsaved()
 
     def interrupt(self) -> None:
         """Stop scheduling, remove this run's containers now, mark the run interrupted."""
         self._interrupted.set()
+        self._stopping.set()
         self._stop.set()
         ex = getattr(self, "_executor", None)
         if ex is not None:
             ex.stop()
-        remove_all_live()
-        try:
-            sweep_containers(self.client, run_id=self.run.id)
-        except Exception:
-            pass
+        self.backend.remove_held()
+        self.backend.sweep_run(self.run.id, held_too=True)
         try:
             self.store.set_run_status(self.run.id, "interrupted")
         except StoreLost:
@@ -414,11 +459,8 @@ class Runner:
         """The store went away under the run: stop, remove the containers, keep the records."""
         self._stop.set()
         executor.stop()
-        remove_all_live()
-        try:
-            sweep_containers(self.client, run_id=self.run.id)
-        except Exception:
-            pass
+        self.backend.remove_held()
+        self.backend.sweep_run(self.run.id, held_too=True)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             done = executor.results(timeout=0.2)

@@ -164,58 +164,68 @@ class CpuPool:
         return min(fit, requested)
 
     def lease(self, cores: int, timeout: float | None = None, stop: threading.Event | None = None) -> list[int]:
-        """Wait until ``cores`` free cores exist here and no other controller holds them, and
-        lease them (lowest numbers first). Raises :class:`LeaseTimeout` after ``timeout``
-        seconds and :class:`LeaseCancelled` once ``stop`` is set."""
+        """Wait until ``cores`` cores are free here and not held by another controller, and
+        lease them (the lowest free numbers whose locks are to be had). Raises
+        :class:`LeaseTimeout` after ``timeout`` seconds and :class:`LeaseCancelled` once
+        ``stop`` is set."""
         if cores > self.size:
             raise SchedulerError(f"the envelope needs {cores} cores; only {self.size} are available for trials")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            got = self._take_local(cores, deadline, stop)
-            if not self.cross_process:
-                return got
-            try:
-                if self._lock_cores(got):
+            with self._cv:
+                while len(self._free) < cores:
+                    self._check(deadline, stop)
+                    left = None if deadline is None else deadline - time.monotonic()
+                    self._cv.wait(timeout=0.2 if left is None else max(0.0, min(0.2, left)))
+                got = self._lock_some(sorted(self._free), cores) if self.cross_process else sorted(self._free)[:cores]
+                if got:
+                    for c in got:
+                        self._free.remove(c)
+                        self._leased.add(c)
+                    self.peak_in_use = max(self.peak_in_use, len(self._leased))
                     return got
-            except BaseException:
-                self._give_back(got)
-                raise
-            # another controller holds one of them: give ours back to this process and retry
-            self._give_back(got)
-            self._wait(deadline, stop, POLL_S * 4)
+            # other controllers hold too many of the free cores: wait for them, then try again
+            self._check(deadline, stop)
+            time.sleep(POLL_S * 4)
 
-    def _wait(self, deadline: float | None, stop: threading.Event | None, seconds: float) -> None:
+    def _check(self, deadline: float | None, stop: threading.Event | None) -> None:
         if stop is not None and stop.is_set():
             raise LeaseCancelled("the run stopped while waiting for cores")
         if deadline is not None and time.monotonic() >= deadline:
             raise LeaseTimeout("no free cores within the lease timeout (another controller holds them?); "
                                "wait for it, or lower --concurrency")
-        time.sleep(seconds)
 
-    def _take_local(self, cores: int, deadline: float | None, stop: threading.Event | None) -> list[int]:
-        with self._cv:
-            while len(self._free) < cores:
-                if stop is not None and stop.is_set():
-                    raise LeaseCancelled("the run stopped while waiting for cores")
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise LeaseTimeout(f"no {cores} free core(s) within the lease timeout")
-                self._cv.wait(timeout=0.2 if left is None else min(0.2, left))
-            got = sorted(self._free)[:cores]
-            for c in got:
-                self._free.remove(c)
-                self._leased.add(c)
-            self.peak_in_use = max(self.peak_in_use, len(self._leased))
-            return got
-
-    def _give_back(self, got: list[int]) -> None:
-        self._unlock(got)
-        with self._cv:
-            for c in got:
-                self._leased.discard(c)
-                if c not in self._free:
-                    self._free.append(c)
-            self._cv.notify_all()
+    def _lock_some(self, candidates: list[int], cores: int) -> list[int]:
+        """Take the flocks of ``cores`` of ``candidates`` without waiting (lowest first),
+        skipping cores another controller holds; [] (nothing held) when too few are free.
+        flock is per open file, so two pools in one process also exclude each other."""
+        d = lock_dir()
+        dir_fd = _open_lock_dir(d)
+        taken: list[int] = []
+        try:
+            for c in candidates:
+                if len(taken) == cores:
+                    break
+                fd = _open_lock_file(dir_fd, d, f"cpu{c}.lock")
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fds[c] = fd
+                taken.append(c)
+            if len(taken) < cores:
+                self._unlock(taken)
+                return []
+            return taken
+        except BaseException:
+            self._unlock(taken)
+            raise
+        finally:
+            os.close(dir_fd)
 
     @contextmanager
     def leased(self, cores: int, timeout: float | None = None) -> Iterator[list[int]]:
@@ -225,33 +235,6 @@ class CpuPool:
             yield got
         finally:
             self.release(got)
-
-    def _lock_cores(self, cores: list[int]) -> bool:
-        """Take the flock of every core without waiting; False (nothing held) if one is taken.
-        flock is per open file, so two pools in one process also exclude each other."""
-        d = lock_dir()
-        dir_fd = _open_lock_dir(d)
-        taken: list[int] = []
-        try:
-            for c in sorted(cores):
-                fd = _open_lock_file(dir_fd, d, f"cpu{c}.lock")
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    self._unlock(taken)
-                    return False
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._fds[c] = fd
-                taken.append(c)
-            return True
-        except BaseException:
-            self._unlock(taken)
-            raise
-        finally:
-            os.close(dir_fd)
 
     def _unlock(self, cores: list[int]) -> None:
         for c in cores:
@@ -263,8 +246,9 @@ class CpuPool:
         """Take the cross-process locks of specific cores (``sandbox exec --cpuset``), waiting
         for any controller that holds them. Released by :meth:`unlock_exact`."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._lock_cores(cores):
-            self._wait(deadline, stop, POLL_S * 4)
+        while not self._lock_some(sorted(cores), len(cores)):
+            self._check(deadline, stop)
+            time.sleep(POLL_S * 4)
 
     def unlock_exact(self, cores: list[int]) -> None:
         self._unlock(cores)

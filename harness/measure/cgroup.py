@@ -31,6 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.model.counters import PSI, CgroupLimits, CgroupSnapshot
+from harness.model.errors import InfraError
 
 __all__ = [
     "CgroupError",
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 
-class CgroupError(RuntimeError):
+class CgroupError(InfraError):
     """A cgroup file or controller the harness needs is missing or unreadable."""
 
 

@@ -1,7 +1,7 @@
 """Host-side contention signals: per-CPU busy time, steal, host PSI, MemAvailable.
 
 Pure parsers (:func:`parse_proc_stat`, :func:`parse_meminfo`, PSI via
-:func:`harness.cgroup.parse_psi`) plus readers that take ``proc_root`` (and
+:func:`harness.measure.cgroup.parse_psi`) plus readers that take ``proc_root`` (and
 ``sys_root`` for :func:`host_facts`) so tests can point them at recorded trees under
 ``tests/fixtures/proc/``.
 

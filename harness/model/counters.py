@@ -1,6 +1,6 @@
 """Normalized saturation counters, the same shape for cgroup v1 and v2.
 
-Pure module (plain data): the parsers in ``harness.cgroup`` and ``harness.hoststats`` fill
+Pure module (plain data): the parsers in ``harness.measure.cgroup`` and ``harness.measure.host`` fill
 these models from kernel files; ``delta`` turns two snapshots into what one attempt
 suffered. Times are in microseconds, sizes in bytes. ``None`` means "this kernel / cgroup
 version does not expose it", never zero.

@@ -57,6 +57,8 @@ class TableDiff(_M):
     truncated: bool = Field(False, description="More rows differ than are shown.")
     changed_outside_allowed: int = Field(0, ge=0, description="Changed rows with a column the task does not allow.")
     outside_allowed: list[RowChange] = Field(default_factory=list, max_length=20, description="First of those, with only the disallowed columns.")
+    blobs: int = Field(0, ge=0, description="BLOB values in columns whose declared type makes them TEXT or a number (none in the fixture).")
+    blob_examples: list[dict[str, Any]] = Field(default_factory=list, max_length=20, description="First of those: column, type, row.")
 
 
 class StateDiff(_M):
@@ -68,10 +70,13 @@ class StateDiff(_M):
     truncated: bool = Field(False, description="Some tables or rows are not shown.")
     lines: list[str] = Field(default_factory=list, max_length=40, description="The differences in words, first 40.")
     lines_total: int = Field(0, ge=0, description="How many such lines there are.")
+    schema_changes: list[str] = Field(default_factory=list, max_length=40, description="Indexes, triggers, views added, dropped "
+                                      "or redefined, and tables redefined (first 40); always extra effects.")
+    schema_changes_total: int = Field(0, ge=0, description="How many schema changes there are.")
 
     @property
     def empty(self) -> bool:
-        return self.tables_total == 0
+        return self.tables_total == 0 and self.schema_changes_total == 0
 
     def table(self, name: str) -> TableDiff | None:
         return next((t for t in self.tables if t.table == name), None)

@@ -9,6 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from harness.model.counters import CgroupLimits, CounterDelta, HostDelta, Sample
 
+# Paths inside every sandbox (the agent protocol)
+INPUT_DIR = "/harness/in"  # read-only for the whole attempt: prompt and the state kind's inputs
+GRADE_DIR = "/harness/grade"  # read-only, empty until every agent process is gone; then the grader's files
+WORKDIR = "/work"  # the agent's writable work directory
+TRANSCRIPT_FILE = "transcript.jsonl"  # the agent's optional transcript, under WORKDIR
+
 
 class ExecResult(BaseModel):
     """The outcome of one command run inside the sandbox."""

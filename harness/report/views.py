@@ -617,11 +617,19 @@ def chart(series: dict[str, Any], th: Thresholds, memory_max: int | None, width:
     return Group(*lines)
 
 
+_CONTROL = dict.fromkeys([*range(0, 9), *range(11, 32), *range(127, 160)], "\ufffd")
+
+
+def printable(s: str) -> str:
+    """Agent output as it may reach a terminal: control characters (escape sequences) replaced."""
+    return s.translate(_CONTROL)
+
+
 def tail_text(data: bytes | str | None, max_lines: int = 15, max_chars: int = 2000) -> str | None:
-    """The last lines of an artifact file (None when absent)."""
+    """The last lines of an artifact file (None when absent), without control characters."""
     if data is None:
         return None
-    s = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    s = printable(data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
     lines = s.rstrip("\n").splitlines()
     cut = lines[-max_lines:]
     out = "\n".join(cut)

@@ -54,10 +54,11 @@ class Command:
 
 @dataclass(frozen=True)
 class Exported:
-    """Files copied out of a sandbox: kept bytes, what was refused or cut (one line each), the
-    result of the command run first (if any), and whether the export ran to its end."""
+    """Files copied out of a sandbox: name -> bytes kept (written to the destination folder),
+    what was refused or cut (one line each), the result of the command run first (if any),
+    and whether the export ran to its end."""
 
-    files: dict[str, bytes]
+    files: dict[str, int]
     problems: list[str]
     truncated: list[str] = field(default_factory=list)
     command: ExecResult | None = None
@@ -107,9 +108,9 @@ class Sandbox(ABC):
         """Write files into the sandbox's read-only /harness/grade (only once the agent is gone)."""
 
     @abstractmethod
-    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float, then: Command | None = None) -> Exported:
-        """Copy plain regular files out of the work directory: (name, cap, keep_head) each;
-        with ``then``, run that command first (the grader), in the same exec."""
+    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float, dest: Path, then: Command | None = None) -> Exported:
+        """Copy plain regular files out of the work directory into ``dest``: (name, cap,
+        keep_head) each; with ``then``, run that command first (the grader), in the same exec."""
 
     @abstractmethod
     def remove(self) -> bool:
@@ -127,9 +128,24 @@ class SandboxBackend(ABC):
         """Remove sandboxes (and input folders) whose controller process is dead."""
 
     @abstractmethod
-    def sweep_run(self, run_id: str) -> list[str]:
-        """Remove every sandbox of ``run_id`` this process does not hold (failed removals)."""
+    def sweep_run(self, run_id: str, held_too: bool = False) -> list[str]:
+        """Remove the sandboxes of ``run_id`` this process does not hold (failed removals);
+        with ``held_too``, every sandbox of the run (the interrupt path)."""
+
+    @abstractmethod
+    def remove_held(self) -> int:
+        """Remove every sandbox this process holds now (Ctrl-C); returns how many."""
+
+    @abstractmethod
+    def retry_removals(self) -> list[str]:
+        """Try again the removals that failed; the sandboxes now gone."""
 
     @abstractmethod
     def ping(self) -> bool:
         """Does the engine answer?"""
+
+    @abstractmethod
+    def check_command(self, image: str, command: str, profile: Profile) -> str | None:
+        """Why ``command`` cannot be started in ``image`` as the profile's user (not an
+        executable file on its PATH), or None. Decided by the harness before a run, never
+        from what a workload prints."""

@@ -16,12 +16,12 @@ sandbox never gets a host path it can write, nor the Docker socket.
 from __future__ import annotations
 
 import atexit
-import io
 import json
 import os
 import shutil
 import signal
 import tarfile
+import tempfile
 import threading
 import time
 import uuid
@@ -38,7 +38,7 @@ from harness.measure import host as hoststats
 from harness.measure.monitor import Monitor
 from harness.model.counters import CgroupLimits, CgroupSnapshot, CounterDelta, HostDelta
 from harness.model.errors import EngineError, SandboxError
-from harness.model.sandbox import EnvelopeCheck, ExecResult
+from harness.model.sandbox import GRADE_DIR, INPUT_DIR, WORKDIR, EnvelopeCheck, ExecResult
 from harness.model.units import format_size
 from harness.sandbox.base import Command, Exported, Measured, Sandbox, SandboxBackend, SandboxSpec
 from harness.sandbox.owners import (
@@ -53,9 +53,6 @@ from harness.sandbox.owners import (
     sweep_input_folders,
 )
 
-INPUT_DIR = "/harness/in"
-GRADE_DIR = "/harness/grade"
-WORKDIR = "/work"
 EXPORT_MANIFEST = ".harness-export.json"
 
 LIVE = LiveRegistry()  # the sandboxes this process holds
@@ -625,18 +622,20 @@ class DockerSandbox(Sandbox):
                         monitor_errors=mon.errors if mon else 0)
 
     # -- files out -------------------------------------------------------------
-    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float, then: Command | None = None) -> Exported:
-        """Copy plain regular files out of the work directory as a tar stream written in the
-        sandbox (never the archive API). Symlinks, devices, FIFOs and directories are refused;
-        a file over its cap is cut (``keep_head``) or not kept, and either is reported. With
-        ``then``, that command runs first, in the same exec (see :class:`Command`)."""
+    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float, dest: Path, then: Command | None = None) -> Exported:
+        """Copy plain regular files out of the work directory into ``dest``, as a tar stream
+        written in the sandbox (never the archive API), spooled to disk and copied member by
+        member (the controller never holds a file in memory). Symlinks, devices, FIFOs and
+        directories are refused; a file over its cap is cut (``keep_head``) or not kept, and
+        either is reported. With ``then``, that command runs first, in the same exec (see
+        :class:`Command`)."""
         spec = [(n, int(c), bool(k)) for n, c, k in files]
         for n, _, _ in spec:
             if "/" in n or n.startswith(".") or not n:
                 raise ValueError(f"export name {n!r} must be a plain file name")
         cmd_cap = then.cap if then else 0
         limit = sum(c for _, c, _ in spec) + 2 * cmd_cap + 1024 * 1024  # members, headers and the manifest
-        sink = io.BytesIO()
+        sink = tempfile.SpooledTemporaryFile(max_size=1024 * 1024, prefix="harness-export-")
         over = [False]
 
         def collect(chunk: bytes) -> None:
@@ -657,7 +656,7 @@ class DockerSandbox(Sandbox):
         if over[0]:
             problems.append(f"export stream larger than {format_size(limit)}; cut off")
         caps = {n: c for n, c, _ in spec}
-        kept: dict[str, bytes] = {}
+        kept: dict[str, int] = {}
         cmd_out: dict[str, bytes] = {}
         manifest: dict[str, Any] = {}
         complete = False
@@ -684,9 +683,17 @@ class DockerSandbox(Sandbox):
                         problems.append(f"refused {m.name!r}: {format_size(m.size)} over the cap")
                         continue
                     f = tf.extractfile(m)
-                    kept[m.name] = f.read() if f else b""
+                    try:
+                        with open(dest / m.name, "wb") as out:
+                            if f is not None:
+                                shutil.copyfileobj(f, out, 1024 * 1024)
+                        kept[m.name] = m.size
+                    except OSError as e:
+                        problems.append(f"could not keep {m.name!r}: {e.strerror or e}")
         except (tarfile.TarError, ValueError) as e:
             problems.append(f"malformed export stream ({e}; exit {res.exit_code}: {res.stderr.strip()[-200:]})")
+        finally:
+            sink.close()
         manifest = manifest if isinstance(manifest, dict) else {}
         truncated = []
         for name, info in manifest.items():
@@ -766,8 +773,19 @@ class DockerBackend(SandboxBackend):
             removed += sweep_input_folders(self.inputs_root.resolve())
         return removed
 
-    def sweep_run(self, run_id: str) -> list[str]:
+    def sweep_run(self, run_id: str, held_too: bool = False) -> list[str]:
+        if held_too:
+            try:
+                return sweep_containers(self.client, run_id=run_id)
+            except Exception:  # the engine is down: the start-up sweep of the next run removes them
+                return []
         return sweep_unowned(self.client, run_id)
+
+    def remove_held(self) -> int:
+        return remove_all_live()
+
+    def retry_removals(self) -> list[str]:
+        return retry_removals()
 
     def ping(self) -> bool:
         try:
@@ -775,6 +793,31 @@ class DockerBackend(SandboxBackend):
             return True
         except Exception:
             return False
+
+    def check_command(self, image: str, command: str, profile: Any) -> str | None:
+        probe = 'p=$(command -v -- "$1") && [ -f "$p" ] && [ -x "$p" ]'
+        c = None
+        try:
+            c = self.client.containers.run(
+                image, ["sh", "-c", probe, "sh", command], detach=True, user=profile.user, working_dir="/",
+                network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                mem_limit=profile.memory, pids_limit=64, log_config={"type": "none"},
+                labels={LABEL: "1", LABEL_OWNER: str(os.getpid()), LABEL_HOST: controller_host()},
+            )
+            if c.wait(timeout=60).get("StatusCode") == 0:
+                return None
+            return (f"the agent command {command!r} is not an executable file on the PATH of image {image} "
+                    f"(as uid {profile.user}); check --agent-cmd or agent_cmd in suite.toml")
+        except docker.errors.ImageNotFound:
+            return f"image {image} not found; build it with `make images` (or `harness images build`)"
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            raise EngineError(f"the engine could not start a container from {image} to check the agent command: {str(e)[:200]}") from None
+        finally:
+            if c is not None:
+                try:
+                    c.remove(force=True)
+                except (docker.errors.DockerException, requests.RequestException):
+                    pass  # labelled: the next start-up sweep removes it
 
 
 def sweep_containers(client: docker.DockerClient, run_id: str | None = None, only_dead_owners: bool = False) -> list[str]:

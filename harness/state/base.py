@@ -16,12 +16,10 @@ from typing import Any, ClassVar
 
 from harness.model.grade import GradeResult
 from harness.model.profile import Profile
-from harness.model.sandbox import ExecResult
+from harness.model.sandbox import GRADE_DIR, INPUT_DIR, WORKDIR, ExecResult
 from harness.model.suite import Suite, Task
 
-INPUT_DIR = "/harness/in"  # read-only in the sandbox for the whole attempt
-GRADE_DIR = "/harness/grade"  # read-only; empty until every agent process is gone
-WORKDIR = "/work"
+__all__ = ["GRADE_DIR", "INPUT_DIR", "WORKDIR", "AgentInputs", "ExportFile", "GradeProgram", "StateKind", "Grader"]
 
 
 @dataclass(frozen=True)

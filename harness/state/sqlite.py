@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.model.profile import Profile
+from harness.model.sandbox import TRANSCRIPT_FILE
 from harness.model.suite import SUITE_FILE, Suite, Task
 from harness.model.units import MiB
 from harness.state.base import INPUT_DIR, WORKDIR, AgentInputs, ExportFile, StateKind
 
 STATE_FILE = "state.db"
-TRANSCRIPT_FILE = "transcript.jsonl"
 FIXTURE_FILE = "fixture.db"
 STATE_PATH = f"{WORKDIR}/{STATE_FILE}"
 FIXTURE_PATH = f"{INPUT_DIR}/{FIXTURE_FILE}"
@@ -55,7 +55,7 @@ def _sql_error(e: sqlite3.Error) -> str:
 
 def _tables(conn: sqlite3.Connection) -> dict[str, list[str]]:
     names = [r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name")]
     return {n: [r[1] for r in conn.execute(f'PRAGMA table_info("{n}")')] for n in names}
 
 

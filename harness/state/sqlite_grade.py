@@ -3,7 +3,7 @@
 Standard library only (it runs as ``python3 -I -S sqlite_grade.py SPEC.json`` in the
 attempt's own container, after every agent process is frozen and killed, under the
 profile's grade envelope). It reads the agent's final ``state.db`` -- untrusted data -- and
-prints one JSON verdict on stdout, bounded in size by construction (:data:`MAX_VERDICT_BYTES`);
+prints one JSON verdict on stdout, bounded in size by construction (:data:`VERDICT_TARGET_BYTES`);
 the controller parses nothing else.
 
 A task passes when
@@ -24,11 +24,14 @@ attempt ``ungradable``. Exit codes: 0 a verdict was printed; 70 the grader itsel
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import stat
 import sys
+import tempfile
 import traceback
 from collections import Counter
 from typing import Any
@@ -46,7 +49,7 @@ MAX_COLUMNS_SHOWN = 100  # columns named per table (added / dropped / changed) a
 MAX_VALUE_CHARS = 200  # a text value is cut after this many characters, a blob after half as many bytes
 MAX_CHECKS = 200  # checks kept (expectations + unchanged tables + extra effects)
 MAX_LINES = 40  # human-readable diff lines kept
-MAX_VERDICT_BYTES = 192 * 1024  # the verdict is made to fit this; the controller refuses more
+VERDICT_TARGET_BYTES = 192 * 1024  # the verdict is made to fit this (the controller reads at most 256 KiB)
 EXIT_BROKEN = 70
 
 
@@ -57,22 +60,36 @@ class Unreadable(Exception):
 # --------------------------------------------------------------------------- values
 
 
+_CONTROL = dict.fromkeys([*range(0, 9), *range(11, 32), *range(127, 160)], "\ufffd")
+
+
+def _text(b: bytes) -> str:
+    """How TEXT is read from either database: invalid UTF-8 is kept (surrogate-escaped), never an error."""
+    return b.decode("utf-8", "surrogateescape")
+
+
+def clean(s: str) -> str:
+    """A string as it may leave the sandbox: valid UTF-8, no control characters (no terminal
+    escapes reach whoever reads the verdict)."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace").translate(_CONTROL)
+
+
 def _cut(v: Any) -> Any:
     """A value as stored in the verdict: JSON-safe and short."""
     if isinstance(v, (bytes, bytearray, memoryview)):
         b = bytes(v)
         head = b[: MAX_VALUE_CHARS // 2].hex()
         return f"x'{head}'" + (f"…({len(b)} bytes)" if len(b) > MAX_VALUE_CHARS // 2 else "")
-    if isinstance(v, str) and len(v) > MAX_VALUE_CHARS:
-        return v[:MAX_VALUE_CHARS] + f"…({len(v)} chars)"
-    if isinstance(v, float) and v != v:  # NaN is not JSON
-        return "NaN"
+    if isinstance(v, str):
+        return clean(v) if len(v) <= MAX_VALUE_CHARS else clean(v[:MAX_VALUE_CHARS]) + f"…({len(v)} chars)"
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):  # not JSON numbers
+        return repr(v)
     return v
 
 
 def _name(s: str) -> str:
     """A table or column name as stored in the verdict (names can be as long as the agent likes)."""
-    return s if len(s) <= 100 else s[:100] + "…"
+    return clean(s if len(s) <= 100 else s[:100] + "…")
 
 
 def _row_json(cols: list[str], row: tuple) -> dict[str, Any]:
@@ -89,19 +106,47 @@ def _ident(name: str) -> str:
 
 
 def _one_line(s: str, limit: int = 300) -> str:
-    s = " ".join(str(s).split())
+    s = " ".join(clean(str(s)).split())
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 # --------------------------------------------------------------------------- opening
 
 
-def open_final_state(path: str) -> sqlite3.Connection:
-    """Open the agent's final state read-only, never through a symlink. A ``-wal`` file beside
-    it (the agent switched to WAL mode) is read in place, so every commit counts, without
-    checkpointing: the state and its WAL stay as the agent left them (a stale ``-shm`` index
-    is removed first, so SQLite rebuilds it from the WAL). Raises :class:`Unreadable`, or
-    FileNotFoundError when there is no state at all."""
+def _regular(path: str) -> os.stat_result | None:
+    """lstat of ``path`` when it is a non-empty regular file, else None."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) and st.st_size > 0 else None
+
+
+def _roomiest(dirs: list[str]) -> str | None:
+    """The folder with the most free space (a private copy of the state goes there)."""
+    best, room = None, -1
+    for d in dirs:
+        try:
+            st = os.statvfs(d)
+        except OSError:
+            continue
+        if st.f_bavail * st.f_frsize > room:
+            best, room = d, st.f_bavail * st.f_frsize
+    return best
+
+
+def open_final_state(path: str) -> tuple[sqlite3.Connection, str | None]:
+    """Open the agent's final state read-only, as any SQLite reader would see it, never
+    through a symlink; check its integrity. Returns (connection, private copy dir or None).
+
+    * A ``-journal`` beside it (the agent was killed inside a transaction) is rolled back,
+      on a private copy: uncommitted changes are never graded.
+    * A ``-wal`` (WAL mode) is read in place, read-only, never checkpointed (a stale ``-shm``
+      index is removed first, so SQLite rebuilds it from the WAL).
+    * ``PRAGMA integrity_check``: a corrupt file -- an index that disagrees with its table
+      answers queries wrong -- cannot be graded.
+
+    Raises :class:`Unreadable`, or FileNotFoundError when there is no state at all."""
     st = os.lstat(path)  # FileNotFoundError: no final state
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
         raise Unreadable(f"{NOT_READABLE} ({os.path.basename(path)} is not a regular file)")
@@ -109,38 +154,81 @@ def open_final_state(path: str) -> sqlite3.Connection:
         with open(path, "rb") as f:
             if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
                 raise Unreadable(f"{NOT_READABLE} (no SQLite header)")
-    try:
-        wst = os.lstat(path + "-wal")
-    except FileNotFoundError:
-        wst = None
-    if wst is not None and stat.S_ISREG(wst.st_mode) and wst.st_size > 0:
+    copy_dir = None
+    if _regular(path + "-journal") is not None:
+        copy_dir = tempfile.mkdtemp(prefix="harness-grade-", dir=_roomiest(["/tmp", os.path.dirname(os.path.abspath(path))]))
+        try:
+            shutil.copyfile(path, os.path.join(copy_dir, "state.db"))
+            shutil.copyfile(path + "-journal", os.path.join(copy_dir, "state.db-journal"))
+            conn = sqlite3.connect(os.path.join(copy_dir, "state.db"))  # the first read rolls the journal back
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            conn.close()
+        except (OSError, sqlite3.Error) as e:
+            shutil.rmtree(copy_dir, ignore_errors=True)
+            raise Unreadable(f"{NOT_READABLE} (cannot roll back its unfinished transaction: {_one_line(str(e))})") from None
+        uri = f"file:{quote(os.path.join(copy_dir, 'state.db'))}?mode=ro&immutable=1"
+    elif _regular(path + "-wal") is not None:
         shm = path + "-shm"
         if os.path.lexists(shm):
             if os.path.isdir(shm) and not os.path.islink(shm):
                 raise Unreadable(f"{NOT_READABLE} ({os.path.basename(shm)} is a directory)")
             os.unlink(shm)
         uri = f"file:{quote(os.path.abspath(path))}?mode=ro"
-    else:  # no WAL (or not a plain file: ignored): the file is all there is
+    else:  # no journal and no WAL (or not plain files: ignored): the file is all there is
         uri = f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1"
     try:
         conn = sqlite3.connect(uri, uri=True)
+        conn.text_factory = _text
         conn.execute("PRAGMA trusted_schema = OFF")
         conn.execute("PRAGMA temp_store = MEMORY")  # sorts count against the grade envelope, not a full /tmp
         conn.execute("PRAGMA query_only = ON")
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        problems = [r[0] for r in conn.execute("PRAGMA integrity_check(3)")]
     except sqlite3.Error as e:
+        if copy_dir:
+            shutil.rmtree(copy_dir, ignore_errors=True)
         raise Unreadable(f"{NOT_READABLE} ({_one_line(str(e))})") from None
-    return conn
+    if problems != ["ok"]:
+        conn.close()
+        if copy_dir:
+            shutil.rmtree(copy_dir, ignore_errors=True)
+        raise Unreadable(f"{NOT_READABLE} (integrity check: {_one_line('; '.join(map(str, problems)), 200)})")
+    return conn, copy_dir
 
 
 def open_fixture(path: str) -> sqlite3.Connection:
     """The task's fixture database (built by the harness from the suite's SQL: trusted), read-only."""
-    return sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1", uri=True)
+    conn = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1", uri=True)
+    conn.text_factory = _text
+    return conn
 
 
 def _tables(conn: sqlite3.Connection) -> list[str]:
     return [r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name")]
+
+
+def _affinity(declared: str) -> str:
+    """SQLite's column affinity of a declared type (datatype3.html, section 3.1)."""
+    t = (declared or "").upper()
+    if "INT" in t:
+        return "INTEGER"
+    if "CHAR" in t or "CLOB" in t or "TEXT" in t:
+        return "TEXT"
+    if "BLOB" in t or not t:
+        return "BLOB"
+    if "REAL" in t or "FLOA" in t or "DOUB" in t:
+        return "REAL"
+    return "NUMERIC"
+
+
+def _affinities(conn: sqlite3.Connection, table: str) -> dict[str, str]:
+    return {r[1]: _affinity(r[2]) for r in conn.execute(f"PRAGMA table_xinfo({_ident(table)})")}
+
+
+def _row_digest(values: tuple) -> int:
+    """An order-free fingerprint part of one row's values (summed over a table)."""
+    text = repr(tuple((type(v).__name__, v) for v in values)).encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.sha256(text).digest(), "big")
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> tuple[list[str], list[str], list[str]]:
@@ -179,9 +267,13 @@ class _Capped:
 def _table_diff(fx: sqlite3.Connection, st: sqlite3.Connection, table: str, allowed_cols: set[str]) -> dict[str, Any] | None:
     """The capped diff of one table present in both states, or None when equal.
 
-    Rows are matched by primary key (rowid for tables without one). Only the columns of the
-    fixture's table are read from the final state: a column the agent added is reported by
-    name, never evaluated (a generated column can cost anything to compute)."""
+    Rows are matched by primary key; a table without one by rowid, and when its rows are the
+    same multiset of values under other rowids (VACUUM renumbers them) it is equal. Only the
+    columns of the fixture's table are read from the final state: a column the agent added
+    is reported by name, never evaluated (a generated column can cost anything to compute).
+    A BLOB in a column whose declared type makes it TEXT or a number (where the fixture has
+    none) is reported too: it compares unequal to every text and number, so it slips past
+    checks such as ``note = 'forbidden'``."""
     f_cols, f_hidden, f_pk = _columns(fx, table)
     s_cols, s_hidden, s_pk = _columns(st, table)
     fixture_cols = f_cols + f_hidden
@@ -195,19 +287,33 @@ def _table_diff(fx: sqlite3.Connection, st: sqlite3.Connection, table: str, allo
         "columns_added": [_name(c) for c in final_cols if c not in fixture_cols][:MAX_COLUMNS_SHOWN],
         "columns_removed": [_name(c) for c in fixture_cols if c not in final_cols][:MAX_COLUMNS_SHOWN],
     }
-    added, removed, changed, outside = _Capped(), _Capped(), _Capped(), _Capped()
+    typed = _affinities(fx, table)
+    added, removed, changed, outside, blobs = _Capped(), _Capped(), _Capped(), _Capped(), _Capped()
     q = _ident(table)
+    nk = len(key)
+    key_sql = "_rowid_" if key == [ROWID] else ", ".join(_ident(k) for k in key)
+    vals = [c for c in common if c not in key] if key else common
+    shown = key + vals
+    sel = f"SELECT {key_sql + ', ' if key else ''}{', '.join(_ident(c) for c in vals) or 'NULL'} FROM {q}" + (f" ORDER BY {key_sql}" if key else "")
+    checked = [(nk + i, c) for i, c in enumerate(vals) if typed.get(c, "BLOB") != "BLOB"]
+    had_blob: set[str] = set()
+    digest_fx = digest_st = 0
+
+    def look_for_blobs(row: tuple, label: Any) -> None:
+        for i, c in checked:
+            if isinstance(row[i], bytes) and c not in had_blob:
+                blobs.add({"column": _name(c), "type": typed[c], "row": label})
+
     if key:
-        key_sql = "_rowid_" if key == [ROWID] else ", ".join(_ident(k) for k in key)
-        vals = [c for c in common if c not in key]
-        sel = f"SELECT {key_sql}{''.join(', ' + _ident(c) for c in vals)} FROM {q} ORDER BY {key_sql}"
-        nk = len(key)
         before: dict[tuple, tuple] = {}
         for row in fx.execute(sel):
             before[tuple(row[:nk])] = row
-        shown = key + vals
+            digest_fx += _row_digest(row[nk:])
+            had_blob.update(c for i, c in checked if isinstance(row[i], bytes))
         for row in st.execute(sel):
             k = tuple(row[:nk])
+            digest_st += _row_digest(row[nk:])
+            look_for_blobs(row, {kc: _cut(v) for kc, v in zip(key, k)})
             old = before.pop(k, None)
             if old is None:
                 added.add(_row_json(shown, row))
@@ -221,21 +327,29 @@ def _table_diff(fx: sqlite3.Connection, st: sqlite3.Connection, table: str, allo
                     outside.add(_change(key, k, out_cols, old, row, idx))
         for row in before.values():
             removed.add(_row_json(shown, row))
+        if (key == [ROWID] and digest_fx == digest_st and added.n == removed.n and not blobs.n
+                and not td["columns_added"] and not td["columns_removed"]):
+            return None  # the same rows under other rowids
     else:  # no key at all (a WITHOUT ROWID table whose key the agent dropped): rows as values
-        sel = f"SELECT {', '.join(_ident(c) for c in common) or 'NULL'} FROM {q}"
         bc = Counter(fx.execute(sel))
-        ac = Counter(st.execute(sel))
+        for t in bc:
+            had_blob.update(c for i, c in checked if isinstance(t[i], bytes))
+        ac: Counter = Counter()
+        for t in st.execute(sel):
+            ac[t] += 1
+            look_for_blobs(t, {c: _cut(v) for c, v in list(zip(common, t))[:3]})
         for t in (ac - bc).elements():
             added.add(_row_json(common, t))
         for t in (bc - ac).elements():
             removed.add(_row_json(common, t))
-    if not (added.n or removed.n or changed.n or td["columns_added"] or td["columns_removed"]):
+    if not (added.n or removed.n or changed.n or blobs.n or td["columns_added"] or td["columns_removed"]):
         return None
     td.update(
         added=added.items, removed=removed.items, changed=changed.items,
         counts={"added": added.n, "removed": removed.n, "changed": changed.n},
         truncated=added.n > len(added.items) or removed.n > len(removed.items) or changed.n > len(changed.items),
         changed_outside_allowed=outside.n, outside_allowed=outside.items,
+        blobs=blobs.n, blob_examples=blobs.items,
     )
     return td
 
@@ -263,7 +377,7 @@ def _whole_table(conn: sqlite3.Connection, table: str, status: str) -> dict[str,
         "table": _name(table), "status": status, "key": [_name(k) for k in pk] or ([ROWID] if _has_rowid(conn, table) else []),
         side: rows, other: [], "changed": [], "columns_added": [], "columns_removed": [],
         "counts": {"added": n if side == "added" else 0, "removed": n if side == "removed" else 0, "changed": 0},
-        "truncated": n > len(rows), "changed_outside_allowed": 0, "outside_allowed": [],
+        "truncated": n > len(rows), "changed_outside_allowed": 0, "outside_allowed": [], "blobs": 0, "blob_examples": [],
     }
 
 
@@ -285,6 +399,37 @@ def diff_states(fx: sqlite3.Connection, st: sqlite3.Connection, allow: list[str]
             td = _table_diff(fx, st, table, allowed_cols.get(table, set()))
             if td is not None:
                 out.append(td)
+    return out
+
+
+def _schema(conn: sqlite3.Connection) -> dict[tuple[str, str], tuple[str, str]]:
+    """(type, name) -> (table, normalised sql) of every index, trigger, view and table."""
+    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master "
+                        "WHERE type IN ('index', 'trigger', 'view', 'table') AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")
+    return {(t, n): (tbl, " ".join((sql or "").split())) for t, n, tbl, sql in rows}
+
+
+def schema_diff(fx: sqlite3.Connection, st: sqlite3.Connection) -> list[str]:
+    """Schema objects the agent added, dropped or redefined: indexes, triggers and views (a
+    trigger fires on whoever writes next; an index with rewritten text answers queries
+    wrong), and tables whose definition changed with the same columns (a dropped PRIMARY
+    KEY, NOT NULL or collation). Tables added, dropped or with other columns are in the
+    table diff."""
+    a, b = _schema(fx), _schema(st)
+    out = []
+    for (kind, name) in sorted(set(a) | set(b)):
+        if kind == "table":
+            if (kind, name) in a and (kind, name) in b and a[kind, name][1] != b[kind, name][1] and \
+                    [c[1] for c in fx.execute(f"PRAGMA table_xinfo({_ident(name)})")] == \
+                    [c[1] for c in st.execute(f"PRAGMA table_xinfo({_ident(name)})")]:
+                out.append(f"table {_name(name)} redefined: {_one_line(b[kind, name][1], 160)}")
+            continue
+        if (kind, name) not in a:
+            out.append(f"new {kind} {_name(name)} on {_name(b[kind, name][0])}")
+        elif (kind, name) not in b:
+            out.append(f"{kind} {_name(name)} dropped")
+        elif a[kind, name] != b[kind, name]:
+            out.append(f"{kind} {_name(name)} redefined: {_one_line(b[kind, name][1], 160)}")
     return out
 
 
@@ -352,7 +497,18 @@ def describe_table_diff(td: dict[str, Any], only_outside_allowed: bool = False) 
         out.append(f"{t} changed: {_change_label(t, ch)}")
     if total > len(changes):
         out.append(f"{t} changed: {total - len(changes)} more row(s)")
+    out += blob_lines(td)
     return out
+
+
+def blob_lines(td: dict[str, Any]) -> list[str]:
+    """BLOBs where the fixture's column type says text or a number (never allowed)."""
+    t, ex = td["table"], td.get("blob_examples") or []
+    if not td.get("blobs"):
+        return []
+    first = ex[0]
+    more = f" (and {td['blobs'] - 1} more)" if td["blobs"] > 1 else ""
+    return [f"{t}.{first['column']} holds a BLOB in a {first['type']} column ({_key_label(t, first['row'])}){more}"]
 
 
 # --------------------------------------------------------------------------- expectations
@@ -420,10 +576,12 @@ def _check(name: str, kind: str, passed: bool, detail: str | None = None) -> dic
     return {"name": name[:200], "kind": kind, "passed": passed, "detail": detail}
 
 
-def _verdict(status: str, passed: bool, reason: str | None, checks: list[dict], diff: list[dict] | None) -> dict[str, Any]:
+def _verdict(status: str, passed: bool, reason: str | None, checks: list[dict], diff: list[dict] | None,
+             schema: list[str] | None = None) -> dict[str, Any]:
     lines: list[str] = []
     for td in diff or []:
         lines += describe_table_diff(td)
+    lines += [f"schema: {x}" for x in schema or []]
     tables = diff or []
     return {
         "version": VERDICT_VERSION,
@@ -438,6 +596,8 @@ def _verdict(status: str, passed: bool, reason: str | None, checks: list[dict], 
             "truncated": len(tables) > MAX_TABLES_SHOWN or any(t["truncated"] for t in tables),
             "lines": [_one_line(x) for x in lines[:MAX_LINES]],
             "lines_total": len(lines),
+            "schema_changes": [_one_line(x) for x in (schema or [])[:MAX_LINES]],
+            "schema_changes_total": len(schema or []),
         },
     }
 
@@ -454,6 +614,7 @@ def grade_connections(spec: dict[str, Any], fx: sqlite3.Connection, st: sqlite3.
     unchanged = list(spec.get("unchanged") or [])
     allow = list(spec.get("allow") or [])
     diff = diff_states(fx, st, allow)
+    schema = schema_diff(fx, st)
     by_table = {td["table"]: td for td in diff}
     checks = []
     for exp in spec.get("expect") or []:
@@ -476,15 +637,18 @@ def grade_connections(spec: dict[str, Any], fx: sqlite3.Connection, st: sqlite3.
             continue
         if td["table"] in allowed_tables:
             # `allow` covers a table's rows, never the table itself: dropping it (say, for a
-            # view that answers the expectation) or changing its columns is an extra effect
+            # view that answers the expectation), changing its columns, or storing BLOBs where
+            # its types say text or numbers is an extra effect
             extra += [x for x in describe_table_diff(td) if x == f"table {td['table']} dropped" or " column(s) " in x]
+            extra += blob_lines(td)
             continue
         extra += describe_table_diff(td, only_outside_allowed=True)
+    extra += [f"schema: {x}" for x in schema]
     more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
     checks.append(_check("no extra effects", "extra_effects", not extra,
                          _one_line(f"extra effect: {extra[0]}{more}") if extra else None))
     failed = next((c for c in checks if not c["passed"]), None)
-    return _verdict("graded", failed is None, failed["detail"] if failed else None, checks, diff)
+    return _verdict("graded", failed is None, failed["detail"] if failed else None, checks, diff, schema)
 
 
 def grade(spec: dict[str, Any], fixture_path: str, state_path: str | None) -> dict[str, Any]:
@@ -496,7 +660,7 @@ def grade(spec: dict[str, Any], fixture_path: str, state_path: str | None) -> di
         if state_path is None:
             return _verdict("graded", False, "no final state", [], None)
         try:
-            st = open_final_state(state_path)
+            st, copy_dir = open_final_state(state_path)
         except FileNotFoundError:
             return _verdict("graded", False, "no final state", [], None)
         except Unreadable as e:
@@ -511,24 +675,26 @@ def grade(spec: dict[str, Any], fixture_path: str, state_path: str | None) -> di
             return ungradable(f"the final state cannot be read within the grade envelope ({type(e).__name__})")
         finally:
             st.close()
+            if copy_dir:
+                shutil.rmtree(copy_dir, ignore_errors=True)
     finally:
         fx.close()
 
 
 def fit(verdict: dict[str, Any]) -> str:
-    """The verdict as compact JSON of at most MAX_VERDICT_BYTES (rows are dropped if needed)."""
+    """The verdict as compact JSON of at most VERDICT_TARGET_BYTES (rows are dropped if needed)."""
     text = json.dumps(verdict, separators=(",", ":"), ensure_ascii=False, default=str)
     diff = verdict.get("diff")
-    while len(text.encode()) > MAX_VERDICT_BYTES and diff and diff["tables"]:
+    while len(text.encode()) > VERDICT_TARGET_BYTES and diff and diff["tables"]:
         for td in diff["tables"]:
-            for kind in ("added", "removed", "changed", "outside_allowed"):
+            for kind in ("added", "removed", "changed", "outside_allowed", "blob_examples"):
                 td[kind] = td[kind][: len(td[kind]) // 2]
             td["truncated"] = True
         diff["truncated"] = True
-        if all(not td[k] for td in diff["tables"] for k in ("added", "removed", "changed", "outside_allowed")):
+        if all(not td[k] for td in diff["tables"] for k in ("added", "removed", "changed", "outside_allowed", "blob_examples")):
             diff["tables"] = diff["tables"][: len(diff["tables"]) // 2]
         text = json.dumps(verdict, separators=(",", ":"), ensure_ascii=False, default=str)
-    if len(text.encode()) > MAX_VERDICT_BYTES:  # checks and lines are bounded; this is the last resort
+    if len(text.encode()) > VERDICT_TARGET_BYTES:  # checks and lines are bounded; this is the last resort
         verdict["checks"] = verdict["checks"][:10]
         if diff:
             diff["lines"] = diff["lines"][:5]

@@ -164,14 +164,17 @@ class Store:
         return select(*[c for c in row.__table__.columns if c.name in have])
 
     def _read(self, stmt: Any) -> list[dict[str, Any]]:
+        """Rows as dicts. A failure is a usage error for a reader (wrong --db) and the store
+        failing under a run for a writer (exit 3)."""
+        err = StoreLost if self.mode == "rw" else StoreError
         try:
             with self.session() as s:
                 return [dict(m) for m in s.execute(stmt).mappings()]
         except OperationalError as e:
-            raise StoreError(_explain(self.url, e)) from None
+            raise err(_explain(self.url, e)) from None
         except SQLAlchemyError as e:
-            raise StoreError(f"database {self.url} cannot be read ({str(getattr(e, 'orig', e)).splitlines()[0]}); "
-                             "is it a harness database? pass --db or set HARNESS_DB") from None
+            raise err(f"database {self.url} cannot be read ({str(getattr(e, 'orig', e)).splitlines()[0]}); "
+                      "is it a harness database? pass --db or set HARNESS_DB") from None
 
     # -- writes ----------------------------------------------------------------
     def add_run(self, run: RunRecord) -> None:
@@ -343,6 +346,9 @@ def _run_record(row: dict[str, Any]) -> RunRecord:
 
 
 class _Tx:
+    """One write transaction. Any database error in it (in the body or at commit) means the
+    store failed under the writer: :class:`StoreLost` (exit 3), with the database named."""
+
     def __init__(self, store: Store):
         self.store = store
         self.s: Session | None = None
@@ -359,18 +365,22 @@ class _Tx:
                 self.s.commit()
             else:
                 self.s.rollback()
-        except OperationalError as e:
+        except SQLAlchemyError as e:
             self.s.rollback()
-            raise StoreLost(_explain(self.store.url, e)) from None
+            raise StoreLost(_explain_any(self.store.url, e)) from None
         finally:
             self.s.close()
-        if isinstance(ev, OperationalError):
-            raise StoreLost(_explain(self.store.url, ev)) from None
-        if isinstance(ev, IntegrityError):
-            raise StoreError(
-                f"database {self.store.url}: a row that must be unique already exists ({str(ev.orig)[:200]}); "
-                "is another controller running the same run?"
-            ) from None
+        if isinstance(ev, SQLAlchemyError):
+            raise StoreLost(_explain_any(self.store.url, ev)) from None
+
+
+def _explain_any(url: str, e: SQLAlchemyError) -> str:
+    if isinstance(e, OperationalError):
+        return _explain(url, e)
+    if isinstance(e, IntegrityError):
+        return (f"database {url}: a row that must be unique already exists ({str(e.orig)[:200]}); "
+                "is another controller running the same run?")
+    return f"database {url}: {str(getattr(e, 'orig', None) or e).splitlines()[0][:300]}"
 
 
 def _add_missing_columns(engine: Engine) -> None:

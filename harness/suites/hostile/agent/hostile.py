@@ -703,6 +703,20 @@ def state_many_tables() -> None:
     record({"event": "crafted-state", "size": os.path.getsize(STATE)})
 
 
+def export_at_caps() -> None:
+    """Evidence just under its caps: a 60 MB state and a 40 MB transcript (the controller
+    must copy them out without holding them in memory)."""
+    c = sqlite3.connect(STATE)
+    c.execute("INSERT INTO job (id, v) VALUES (2, replace(hex(zeroblob(30000000)), '0', 'z'))")
+    c.commit()
+    c.close()
+    with open(TRANSCRIPT, "w") as f:
+        line = json.dumps({"task": TASK, "pad": "p" * (MiB - 100)}) + "\n"
+        for _ in range(40):
+            f.write(line)
+    print(json.dumps({"task": TASK, "event": "crafted-state", "size": os.path.getsize(STATE)}), flush=True)
+
+
 # --------------------------------------------------------------------------- control
 
 
@@ -754,6 +768,7 @@ AGENTS = {
     "state-huge-rows": state_huge_rows,
     "state-huge-wal": state_huge_wal,
     "state-many-tables": state_many_tables,
+    "export-at-caps": export_at_caps,
     "benign": benign,
 }
 
