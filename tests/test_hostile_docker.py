@@ -297,9 +297,8 @@ def test_orphans_that_ignore_sigterm_are_killed_in_and_out_of_the_container(host
     assert not _host_procs()
     # the orphans flipped state.db between a symlink and a copy until they were killed: it is
     # graded as whichever it was when they died, never while they still ran
-    assert a.failure_kind in ("wrong_state", "ungradable"), a.failure_kind
-    assert a.grade_reason in ("job done: expected ('done'), found ('todo')",
-                              "final state is not a readable SQLite database (state.db is not a regular file)"), a.grade_reason
+    # (a symlink, the fixture's copy, or an empty file when one orphan copied it mid-swap)
+    assert a.failure_kind in ("wrong_state", "ungradable"), (a.failure_kind, a.grade_reason)
 
 
 def test_the_workload_cannot_kill_the_containers_init(hostile):

@@ -24,7 +24,7 @@ import harness
 from harness.core import outcome
 from harness.core.plan import Progress, SlotState, new_run_id, pending_slots, resolve_ks
 from harness.engine.events import EventSink, Fanout
-from harness.engine.executor import LocalExecutor, Work
+from harness.engine.executor import Done, LocalExecutor, Work
 from harness.engine.pipeline import AttemptJob, AttemptPipeline
 from harness.engine.profiles import load_profile
 from harness.engine.scheduler import CpuPool
@@ -256,48 +256,17 @@ class Runner:
         for st in pend.slots:
             executor.submit(self._work(st, pipeline, prog))
             outstanding += 1
-        error: BaseException | None = None
-        beat = time.monotonic()
+        self._error: BaseException | None = None
         self._in_hand: tuple[SlotState, AttemptRecord] | None = None
+        beat = time.monotonic()
         try:
             while outstanding:
                 done = executor.results(timeout=0.2)
                 if time.monotonic() - beat > HEARTBEAT_S:
                     beat = time.monotonic()
                     self.store.heartbeat(self.run.id)
-                if done is None:
-                    continue
-                outstanding -= 1
-                if done.error is not None:  # a bug in the controller: stop the run, keep the data
-                    error = error or done.error
-                    self._stop.set()
-                    self._stopping.set()
-                    executor.stop()
-                    continue
-                if done.not_started:
-                    continue
-                self._in_hand = (done.key, done.result)  # stored even if Ctrl-C comes now
-                st, rec = done.key, self._settle(done.key, done.result)
-                self._store(rec)
-                self._in_hand = None
-                prog.attempts += 1
-                if rec.verdict == "clean":
-                    if rec.outcome == "pass":
-                        prog.passed += 1
-                    else:
-                        prog.failed += 1
-                else:
-                    prog.discarded += 1
-                    if "infra_error" in rec.reasons and not self.backend.ping():
-                        self._engine_down.set()  # the next attempt waits for the engine first
-                    if self._stop.is_set():
-                        pass
-                    elif st.budget_used > self.run.max_reruns:
-                        prog.unmeasured += 1
-                    else:
-                        executor.submit(self._work(st, pipeline, prog))
-                        outstanding += 1
-                sink.attempt_finished(rec, prog)
+                if done is not None:
+                    outstanding += self._take(done, executor, pipeline, prog, sink) - 1
         except KeyboardInterrupt:
             self._on_interrupt(executor, sink, prog, outstanding)
             raise
@@ -310,12 +279,47 @@ class Runner:
         executor.close(timeout=30)
         self.backend.sweep_run(self.run.id)
         self.backend.retry_removals()
-        status = "failed" if error is not None else "complete"
-        self.store.set_run_status(self.run.id, status)
+        if self._error is not None:
+            self._record_lost_attempts(interrupted=True)  # stopped by the controller's own error
+        self.store.set_run_status(self.run.id, "failed" if self._error is not None else "complete")
         sink.run_finished(self.store.get_run(self.run.id), prog)
-        if error is not None:
-            raise error
+        if self._error is not None:
+            raise self._error
         return prog
+
+    def _take(self, done: Done, executor: LocalExecutor, pipeline: AttemptPipeline, prog: Progress, sink: Fanout) -> int:
+        """Handle one finished piece of work; how many were submitted again (0 or 1)."""
+        if done.error is not None:  # a bug in the controller: stop the run, keep the data
+            self._error = self._error or done.error
+            self._stopping.set()
+            executor.stop()
+            return 0
+        if done.not_started:
+            return 0
+        self._in_hand = (done.key, done.result)  # stored even if Ctrl-C comes now
+        st, rec = done.key, self._settle(done.key, done.result)
+        self._store(rec)
+        self._in_hand = None
+        prog.attempts += 1
+        again = 0
+        if rec.verdict == "clean":
+            if rec.outcome == "pass":
+                prog.passed += 1
+            else:
+                prog.failed += 1
+        else:
+            prog.discarded += 1
+            if "infra_error" in rec.reasons and not self.backend.ping():
+                self._engine_down.set()  # the next attempt waits for the engine first
+            if self._stop.is_set():
+                pass
+            elif st.budget_used > self.run.max_reruns:
+                prog.unmeasured += 1
+            else:
+                executor.submit(self._work(st, pipeline, prog))
+                again = 1
+        sink.attempt_finished(rec, prog)
+        return again
 
     def _work(self, st: SlotState, pipeline: AttemptPipeline, prog: Progress) -> Work:
         """The next attempt of slot ``st`` (numbered and charged now, in the driver)."""
