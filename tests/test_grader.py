@@ -177,7 +177,7 @@ def test_a_view_in_place_of_a_table_is_a_dropped_table(refund_one):
     v = verdict(task, sql, final)
     assert v.status == "graded" and not v.passed
     assert v.checks[0].passed  # the view answers the query...
-    assert "table refunds dropped" in v.reason  # ...but the table is gone: an extra effect
+    assert "table refunds replaced by a view" in v.reason  # ...but the table is gone: an extra effect
 
 
 def test_new_table_is_an_extra_effect(refund_one):

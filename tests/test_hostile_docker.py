@@ -428,7 +428,7 @@ def test_a_state_that_cannot_be_read_in_the_envelope_is_ungradable(hostile):
 
 def test_a_view_in_place_of_the_checked_table_fails(hostile):
     a = row(hostile, "state-view-table")
-    assert a.failure_kind == "wrong_state" and "table job dropped" in a.grade_reason, a.grade_reason
+    assert a.failure_kind == "wrong_state" and "table job replaced by a view" in a.grade_reason, a.grade_reason
 
 
 def test_evidence_at_its_caps_is_copied_out_without_holding_it_in_memory(hostile):

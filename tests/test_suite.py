@@ -170,7 +170,7 @@ def _edit(path: Path, old: str, new: str) -> None:
         ("tasks/refund-one.toml", 'rows = [[1004, 2000]]', 'rows = [[1004, 2024-06-15]]',
          "tasks/refund-one.toml: expect.0.rows: row 0: datetime.date(2024, 6, 15) is not a number, string or boolean"),
         ("tasks/refund-one.toml", 'query = "SELECT order_id, amount_cents FROM refunds"', 'query = "DELETE FROM refunds"',
-         "tasks/refund-one.toml: expect.0.query: SQL error against the fixture: attempt to write a readonly database"),
+         "tasks/refund-one.toml: expect.0.query: SQL error against the fixture: it writes; expectation queries must be read-only SELECTs"),
         ("tasks/refund-one.toml", 'id = "refund-one"', 'id = "Refund One"', "tasks/refund-one.toml: id: String should match pattern"),
         ("tasks/refund-one.toml", 'id = "refund-one"', 'id = "refund-two"',
          "tasks/refund-one.toml: id: 'refund-two' must equal the file stem 'refund-one'"),

@@ -80,11 +80,7 @@ def _jsonable(v: Any) -> Any:
 
 TRIALS_HELP = f"""One row per attempt of a run, with every saturation counter.
 
-Verdict and reasons, outcome and failure kind, exit code, wall time, cpuset, CPU,
-throttling, memory, OOM kills, pids, foreign CPU, host pressure and steal. Values over their threshold stand out in color (throttled
-share over 10% or the profile's throttled_share rule, memory peak over 90% of the
-ceiling, any memory limit hit, OOM kill or pids limit hit, foreign CPU / steal / host
-pressure over the profile's SLA thresholds).
+Verdict and reasons, outcome and failure kind, exit code, wall time, cpuset, CPU, throttling, memory, OOM kills, pids, foreign CPU, host pressure and steal. Values over their threshold stand out in color (throttled share over 10% or the profile's throttled_share rule, memory peak over 90% of the ceiling, any memory limit hit, OOM kill or pids limit hit, foreign CPU / steal / host pressure over the profile's SLA thresholds).
 
 Examples:
 
@@ -363,7 +359,10 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
 
     c.print(Rule("state diff vs fixture (what the agent changed)", style="dim", align="left"))
     if not doc["state_diff_summary"]:
-        c.print(Text("no changes" if a.grade_checks else "no final state recorded", style="dim"))
+        if a.grade_status == "ungradable":
+            c.print(Text("not available: the final state could not be read (see the grade above)", style="dim"))
+        else:
+            c.print(Text("no changes" if a.grade_checks else "no final state recorded", style="dim"))
     else:
         dt_ = Table(show_edge=False, pad_edge=False)
         for col in ("table", "status", "added", "removed", "changed"):

@@ -267,8 +267,8 @@ def compare(
         die(f"runs {a.id} and {b.id} are not comparable: " + "; ".join(blocking) + " -- pass --allow-mismatch to compare anyway")
     try:
         data = build_comparison(a, att_a, b, att_b)
-    except ValueError as e:
-        die(str(e))
+    except ValueError as e:  # no common measured task
+        die(str(e).removeprefix("compare_runs: "))
     if fmt is CompareFormat.json:
         for w in data["identity"]["warnings"]:  # the table and markdown show them inline
             err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)

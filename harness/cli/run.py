@@ -58,6 +58,12 @@ def run(
         clash = [k for k, v in given.items() if v is not None]
         if clash:
             die(f"--resume keeps the run's identity; {', '.join(clash)} cannot change it (start a new run instead)")
+    try:
+        agent_argv = shlex.split(agent_cmd) if agent_cmd else None
+    except ValueError as e:
+        die(f"--agent-cmd {agent_cmd!r}: {e} (it is split like a shell command line)")
+    if agent_argv is not None and not agent_argv:
+        die("--agent-cmd is empty; give the command that starts your agent")
     opts = RunOptions(
         suite=suite or "",
         profile=profile,
@@ -68,7 +74,7 @@ def run(
         max_reruns=max_reruns,
         reserve_cores=reserve_cores,
         agent_image=agent_image,
-        agent_cmd=shlex.split(agent_cmd) if agent_cmd else None,
+        agent_cmd=agent_argv,
         note=note,
         ks=_parse_ks(k) if k else None,
     )

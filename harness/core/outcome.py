@@ -43,16 +43,20 @@ def agent_start_failure(res: ExecResult) -> str | None:
     return None
 
 
-def graded_outcome(exit_code: int | None, timed_out: bool, oom_kills: int | None, grade: GradeResult) -> tuple[str, str | None, str | None]:
+def graded_outcome(exit_code: int | None, timed_out: bool, oom_kills: int | None, grade: GradeResult,
+                   agent_timeout: float | None = None) -> tuple[str, str | None, str | None]:
     """(outcome, failure kind, reason) of an attempt whose grade is ``graded`` or ``ungradable``.
 
-    The agent phase decides first (an OOM kill, then a timeout); then the state: ungradable,
-    or wrong (``wrong_state`` after a clean exit, ``crashed`` after a non-zero one). A
-    crashed agent that left the right state passes: the state is what is graded."""
+    The agent phase decides first (an OOM kill, then a timeout), and the reason says so
+    first; then the state: ungradable, or wrong (``wrong_state`` after a clean exit,
+    ``crashed`` after a non-zero one). A crashed agent that left the right state passes:
+    the state is what is graded."""
+    left = f"; the state it left: {grade.reason}" if grade.reason else ""
     if (oom_kills or 0) > 0:
-        return "fail", "oom_killed", grade.reason or "agent killed before finishing"
+        return "fail", "oom_killed", f"the agent was OOM-killed (its memory ceiling){left}"
     if timed_out:
-        return "fail", "timeout", grade.reason or "agent killed before finishing"
+        at = f" at its {agent_timeout:g} s timeout" if agent_timeout else " at its timeout"
+        return "fail", "timeout", f"the agent was killed{at}{left}"
     if grade.status == "ungradable":
         return "fail", "ungradable", grade.reason
     if not grade.passed:
@@ -66,10 +70,10 @@ INTERRUPTED_DETAIL = "the controller was stopped (Ctrl-C / SIGTERM) during this 
 def interrupted(record: AttemptRecord, detail: str = INTERRUPTED_DETAIL) -> AttemptRecord:
     """An attempt the controller cut short by stopping (its sandbox removed under it):
     evidence, but not the slot's fault, so not scored and not charged to its rerun budget.
-    Its own reasons and rules are kept; the ``interrupted`` rule is added."""
+    Its reason is ``interrupted`` (what the interrupt did to it is not an infrastructure
+    fault); the rules it was judged by are kept, with the ``interrupted`` rule added."""
     rule = {"rule": "interrupted", "scope": "host", "value": None, "threshold": None, "breached": True, "detail": detail}
-    reasons = list(record.reasons) + (["interrupted"] if "interrupted" not in record.reasons else [])
-    return record.model_copy(update={"verdict": "discarded", "reasons": reasons, "rules": list(record.rules) + [rule]})
+    return record.model_copy(update={"verdict": "discarded", "reasons": ["interrupted"], "rules": list(record.rules) + [rule]})
 
 
 def cut_short(record: AttemptRecord) -> bool:

@@ -105,8 +105,8 @@ class AttemptPipeline:
             self._attempt(job, sb, d, ctx, kind, grader, state_inputs)
         except Exception as e:  # the engine went away mid-attempt, a bug: never lose the attempt
             if not ctx.infra:
-                ctx.infra = (f"{type(e).__name__}: {str(e)[:300]}" if sb is None or sb.alive() else
-                             "container died during the attempt (engine restart, removal or kill outside the harness)")
+                ctx.infra = ("container died during the attempt (engine restart, removal or kill outside the harness)"
+                             if ctx.started and not sb.alive() else f"{type(e).__name__}: {str(e)[:300]}")
             d.note(traceback.format_exc(limit=3)[-1500:])
         finally:
             if sb is not None:
@@ -132,6 +132,7 @@ class AttemptPipeline:
             return
         finally:
             self._phase(job, "sandbox", t)
+        ctx.started = True
         d.f["container"] = sb.name
         if self.stop.is_set():
             ctx.infra = "the controller was stopped before the agent started"
@@ -279,7 +280,7 @@ class AttemptPipeline:
                 d.note(ctx.infra)
             elif g is not None and res is not None:
                 f["outcome"], f["failure_kind"], f["grade_reason"] = outcome.graded_outcome(
-                    res.exit_code, res.timed_out, f.get("oom_kills"), g)
+                    res.exit_code, res.timed_out, f.get("oom_kills"), g, job.profile.timeouts.agent)
             return AttemptRecord(**f)
         except Exception as e:  # never lose the attempt because the record could not be made
             keep = {k: f[k] for k in ("run_id", "task_id", "slot", "attempt_no", "seed", "cpuset", "container", "image",
@@ -298,6 +299,7 @@ class _Ctx:
         self.counters: Any = None
         self.host: Any = None
         self.grade: GradeResult | None = None
+        self.started = False
 
 
 def _write(path: Path, data: bytes, d: _Draft) -> None:

@@ -27,7 +27,7 @@ def load_profile_file(path: Path) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as e:
-        raise ProfileError(format_validation_error(str(path), e)) from None
+        raise ProfileError(format_validation_error(str(path), e, Profile)) from None
 
 
 def profile_dirs() -> list[Path]:

@@ -193,8 +193,7 @@ class Runner:
         hash), the same envelope (the stored profile), the same seeds. Slots with a clean
         attempt, or whose rerun budget is spent, are left alone; the others continue with
         the next attempt number, so no slot is filled twice."""
-        store = Store.open(db)
-        run = store.get_run(run_id)
+        run = Store.open(db, mode="ro").get_run(run_id)  # nothing is written until every check holds
         if run.status == "complete":
             raise RunError(f"run {run.id} is complete; nothing to resume")
         if run.status == "running":
@@ -226,7 +225,7 @@ class Runner:
                 "mix two environments in one run — start a new run"
             )
         run = run.model_copy(update={"concurrency": run_conc})
-        return cls(store, run, suite, profile, tasks, client, pool, resuming=True, claimed_from=run.controller or "")
+        return cls(Store.open(db), run, suite, profile, tasks, client, pool, resuming=True, claimed_from=run.controller or "")
 
     # -- execution -------------------------------------------------------------
     def execute(self, events: EventSink | None = None) -> Progress:

@@ -13,7 +13,6 @@ else is a path to a suite directory.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import tomllib
 from importlib import resources
@@ -23,8 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from harness.model.errors import SuiteError
-from harness.model.profile import EnvelopeOverride
-from harness.model.suite import SUITE_FILE, TASKS_DIR, Expectation, Suite, SuiteSpec, Task
+from harness.model.suite import SUITE_FILE, TASKS_DIR, Suite, SuiteSpec, Task
 from harness.model.units import format_validation_error
 from harness.state import state_kind
 
@@ -86,20 +84,7 @@ def display(path: Path) -> str:
 
 
 def _format_error(src: str, err: ValidationError, model: type[BaseModel]) -> str:
-    """format_validation_error, plus a "did you mean" for misspelt keys."""
-    lines = format_validation_error(src, err).splitlines()
-    nested = {"expect": Expectation, "envelope": EnvelopeOverride}
-    out = []
-    for line, e in zip(lines, err.errors()):
-        if e["type"] == "extra_forbidden":
-            loc = e["loc"]
-            owner = model if len(loc) == 1 else nested.get(str(loc[0]), None)
-            if owner is not None:
-                close = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1)
-                if close:
-                    line += f" (did you mean {close[0]!r}?)"
-        out.append(line)
-    return "\n".join(out)
+    return format_validation_error(src, err, model)
 
 
 def _read_toml(files: SuiteFiles, rel: str, problems: list[str]) -> dict[str, Any] | None:

@@ -57,6 +57,7 @@ class TableDiff(_M):
     truncated: bool = Field(False, description="More rows differ than are shown.")
     changed_outside_allowed: int = Field(0, ge=0, description="Changed rows with a column the task does not allow.")
     outside_allowed: list[RowChange] = Field(default_factory=list, max_length=20, description="First of those, with only the disallowed columns.")
+    replaced_by: Literal["view"] | None = Field(None, description="A dropped table whose name a view now has.")
     blobs: int = Field(0, ge=0, description="BLOB values in columns whose declared type makes them TEXT or a number (none in the fixture).")
     blob_examples: list[dict[str, Any]] = Field(default_factory=list, max_length=20, description="First of those: column, type, row.")
 

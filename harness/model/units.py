@@ -6,10 +6,11 @@ Pure: no I/O.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import re
-from typing import Annotated
+from typing import Annotated, Any, get_args
 
-from pydantic import BeforeValidator, ValidationError, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ValidationError, WithJsonSchema
 
 MiB = 1024 * 1024
 MEMORY_FLOOR = 16 * MiB  # below this the kernel and python3 itself do not fit
@@ -59,14 +60,39 @@ ByteSize = Annotated[
 ]
 
 
-def format_validation_error(source: str, err: ValidationError) -> str:
-    """One line per problem: ``file: key: message``."""
+def _owner(model: Any, loc: tuple) -> Any:
+    """The model class that holds the last key of ``loc`` (list indexes skipped), or None."""
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = next((t for t in _classes(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return model
+
+
+def _classes(annotation: Any) -> list[Any]:
+    out = [annotation]
+    for arg in get_args(annotation):
+        out += _classes(arg)
+    return out
+
+
+def format_validation_error(source: str, err: ValidationError, model: Any = None) -> str:
+    """One line per problem: ``file: key: message``; an unknown key gets a "did you mean"
+    when ``model`` has a field close to it."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+            owner = _owner(model, tuple(e["loc"])) if model is not None else None
+            if owner is not None:
+                close = difflib.get_close_matches(str(e["loc"][-1]), list(owner.model_fields), n=1)
+                if close:
+                    msg += f" (did you mean {close[0]!r}?)"
         lines.append(f"{source}: {loc}: {msg}")
     return "\n".join(lines)
 

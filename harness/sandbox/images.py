@@ -75,7 +75,9 @@ def image_identity(client: docker.DockerClient, image: str) -> tuple[str, str]:
     try:
         img = client.images.get(image)
     except docker.errors.ImageNotFound:
-        raise RunError(f"image {image} not found; build it with `make images` (or `harness images build`)") from None
+        fix = ("build it with `make images` (or `harness images build`)" if image.startswith("harness/") else
+               "build or load it on this engine first (e.g. `docker build -t IMAGE .` FROM the suite's image; no registry is used)")
+        raise RunError(f"image {image} not found on this engine; {fix}") from None
     digests = img.attrs.get("RepoDigests") or []
     return img.id, (digests[0] if digests else img.id)
 

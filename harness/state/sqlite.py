@@ -168,7 +168,10 @@ def _check_queries(src: str, task: Task, conn: sqlite3.Connection, problems: lis
             cols = [d[0] for d in cur.description or []]
             cur.fetchall()
         except sqlite3.Error as e:
-            problems.append(f"{src}: expect.{i}.query: SQL error against the fixture: {_sql_error(e)}")
+            why = _sql_error(e)
+            if "readonly" in why:
+                why = "it writes; expectation queries must be read-only SELECTs"
+            problems.append(f"{src}: expect.{i}.query: SQL error against the fixture: {why}")
             ok = False
             continue
         if not cols:

@@ -392,7 +392,10 @@ def diff_states(fx: sqlite3.Connection, st: sqlite3.Connection, allow: list[str]
     out = []
     for table in sorted(set(f_tables) | s_tables):
         if table not in s_tables:
-            out.append(_whole_table(fx, table, "removed"))
+            td = _whole_table(fx, table, "removed")
+            if st.execute("SELECT 1 FROM sqlite_master WHERE type = 'view' AND name = ?", (table,)).fetchone():
+                td["replaced_by"] = "view"  # a view that may answer the expectations in its place
+            out.append(td)
         elif table not in f_tables:
             out.append(_whole_table(st, table, "added"))
         else:
@@ -482,7 +485,7 @@ def describe_table_diff(td: dict[str, Any], only_outside_allowed: bool = False) 
     if td["status"] == "added":
         return [f"new table {t} ({n['added']} row{'s' if n['added'] != 1 else ''})"]
     if td["status"] == "removed":
-        return [f"table {t} dropped"]
+        return [f"table {t} replaced by a view" if td.get("replaced_by") == "view" else f"table {t} dropped"]
     out = []
     if td["columns_added"]:
         out.append(f"{t} new column(s) {', '.join(td['columns_added'])}")
@@ -639,7 +642,7 @@ def grade_connections(spec: dict[str, Any], fx: sqlite3.Connection, st: sqlite3.
             # `allow` covers a table's rows, never the table itself: dropping it (say, for a
             # view that answers the expectation), changing its columns, or storing BLOBs where
             # its types say text or numbers is an extra effect
-            extra += [x for x in describe_table_diff(td) if x == f"table {td['table']} dropped" or " column(s) " in x]
+            extra += [x for x in describe_table_diff(td) if x.startswith(f"table {td['table']} ") or " column(s) " in x]
             extra += blob_lines(td)
             continue
         extra += describe_table_diff(td, only_outside_allowed=True)
