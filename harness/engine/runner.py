@@ -12,6 +12,7 @@ controller died records what it lost instead of silently repeating it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import threading
@@ -162,15 +163,13 @@ class Runner:
         concurrency = pool.concurrency(_max_cores(profile, tasks), opts.concurrency)
         client = client or connect()
         image = opts.agent_image or suite.image
-        _, digest = image_identity(client, image)
+        image_id, digest = image_identity(client, image)
         if not opts.agent_image:
             stale = stale_image_reason(client, suite)
             if stale:
                 raise RunError(stale)
         agent_cmd = list(opts.agent_cmd or suite.agent_cmd)
-        why = DockerBackend(client).check_command(image, agent_cmd[0], profile)
-        if why:
-            raise RunError(why)
+        _check_agent_command(DockerBackend(client), image, image_id, agent_cmd[0], profile)
         facts = hoststats.host_facts()
         store = store or Store.open(db)
         run_id = new_run_id()
@@ -487,6 +486,24 @@ class Runner:
         self._n_unsaved += len(self._unsaved)
         self._unsaved.clear()
         self.unsaved_path = path
+
+
+def _check_agent_command(backend: DockerBackend, image: str, image_id: str, command: str, profile: Profile) -> None:
+    """Refuse a run whose agent command is not in its image. An image never changes under
+    its id, so a command found once in it is not probed again (a file per image, command
+    and uid under HARNESS_HOME/checked)."""
+    key = hashlib.sha256(f"{image_id}|{command}|{profile.user}".encode()).hexdigest()[:32]
+    mark = harness_home() / "checked" / key
+    if mark.exists():
+        return
+    why = backend.check_command(image, command, profile)
+    if why:
+        raise RunError(why)
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+    except OSError:
+        pass  # no cache: the next run probes again
 
 
 def controller_gone(run: RunRecord) -> bool:

@@ -329,6 +329,7 @@ def _attempt_record(row: dict[str, Any]) -> AttemptRecord:
     for k in _DICTS:
         if row.get(k) is None:
             row[k] = {}
+    row["samples"] = []  # given, so model_construct does not inspect the default factory per row
     return AttemptRecord.model_construct(**row)
 
 
