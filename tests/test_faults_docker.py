@@ -233,7 +233,7 @@ def test_a_new_attempt_never_starts_after_the_interrupt_cleanup(docker_client, t
     from harness.engine.profiles import load_profile
     from harness.engine.suites import load_suite
     from harness.model.run import RunRecord
-    from harness.sandbox.docker_sandbox import DockerBackend
+    from harness.sandbox.docker_backend import DockerBackend
 
     suite = load_suite(PROBE)
     stop = threading.Event()

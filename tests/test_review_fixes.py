@@ -414,6 +414,7 @@ def test_an_interrupted_attempt_keeps_the_rules_that_discarded_it():
 
 
 def test_records_a_failed_store_could_not_take_are_stored_at_resume(tmp_path):
+    from harness.engine.prepare import Prepared
     from harness.engine.runner import Runner
     from harness.model.profile import Profile
 
@@ -424,7 +425,8 @@ def test_records_a_failed_store_could_not_take_are_stored_at_resume(tmp_path):
     kept = [AttemptRecord(run_id="r-u", task_id="t", slot=i, attempt_no=1, seed=0, verdict="clean", outcome="pass") for i in range(2)]
     store.add_attempt(kept[0])  # the first one made it before the store failed
     (tmp_path / "runs" / "r-u" / "unsaved-attempts.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in kept))
-    runner = Runner(store, run, suite=None, profile=Profile(name="p"), tasks=[], client=None, pool=CpuPool(cpus=[0], cross_process=False))
+    runner = Runner(store, run, suite=None, profile=Profile(name="p"), prepared=Prepared(tasks=[], profiles={}, images={}), client=None,
+                    pool=CpuPool(cpus=[0], cross_process=False))
     runner._import_unsaved()
     assert sorted((a.slot, a.attempt_no) for a in store.attempts("r-u")) == [(0, 1), (1, 1)]  # each once
     assert (tmp_path / "runs" / "r-u" / "unsaved-attempts.jsonl.imported").is_file()

@@ -14,7 +14,8 @@ from harness.sandbox.images import SANDBOX_IMAGE
 from harness.model.profile import Profile
 from harness.engine.command import run_command
 from harness.sandbox.base import SandboxSpec
-from harness.sandbox.docker_sandbox import DockerBackend, DockerSandbox
+from harness.sandbox.docker_backend import DockerBackend
+from harness.sandbox.docker_sandbox import DockerSandbox
 from harness.sandbox.owners import LABEL
 
 pytestmark = pytest.mark.docker

@@ -152,7 +152,7 @@ def _edit(path: Path, old: str, new: str) -> None:
     [
         ("suite.toml", "trials = 4", "trials = 1", "suite.toml: k: k = 2 exceeds trials = 1; raise trials or drop k = 2"),
         ("suite.toml", "trials = 4", 'trials = "four"', "suite.toml: trials: Input should be a valid integer"),
-        ("suite.toml", 'image = "harness/tiny:latest"', 'imag = "x"', "suite.toml: image: Field required"),
+        ("suite.toml", 'image = "harness/tiny:latest"', 'imag = "x"', "suite.toml: imag: unknown key (did you mean 'image'?)"),
         ("suite.toml", 'image = "harness/tiny:latest"', 'image = "harness/tiny:latest"\nimage_tag = "x"',
          "suite.toml: image_tag: unknown key (did you mean 'image'?)"),
         ("suite.toml", '"sql/rows.sql"]', '"sql/rows.sql", "sql/gone.sql"]', "suite.toml: state_sql.2: no such file "),

@@ -31,7 +31,8 @@ from harness.engine.profiles import load_profile
 from harness.engine.scheduler import CpuPool
 from harness.measure.monitor import Monitor
 from harness.sandbox.base import SandboxSpec
-from harness.sandbox.docker_sandbox import DockerBackend, DockerSandbox, connect
+from harness.sandbox.docker_backend import DockerBackend
+from harness.sandbox.docker_sandbox import DockerSandbox, connect
 from harness.sandbox.images import SANDBOX_IMAGE
 from harness.sandbox.owners import LABEL
 

@@ -47,8 +47,8 @@ from harness.report.views import (
 )
 from harness.model.units import format_size
 
-ARTIFACT_FILES = ("stdout.txt", "stderr.txt", "transcript.jsonl", "grade-stderr.txt")
-EVIDENCE_FILES = ("state.db", "state.db-wal", "stdout.txt", "stderr.txt", "transcript.jsonl", "grade-stderr.txt")
+ARTIFACT_FILES = ("stdout.txt", "stderr.txt", "transcript.jsonl", "grade-stderr.txt", "verifier-stdout.txt", "verifier-stderr.txt")
+OPTIONAL_FILES = ("grade-stderr.txt", "verifier-stdout.txt", "verifier-stderr.txt")  # shown only when present
 
 
 def _open(db: str | None) -> Any:
@@ -182,10 +182,11 @@ def _read_artifacts(path: str) -> dict[str, Any]:
             except OSError:
                 data = None
         out["tails"][name] = tail_text(data)
-    if base is not None:
-        for name in EVIDENCE_FILES:
-            if (base / name).exists():
-                out["present"].append(str(base / name))
+    if base is not None and base.is_dir():
+        out["present"] = sorted(str(p) for p in base.iterdir() if p.is_file())
+        grade = base / "grade"
+        if grade.is_dir():
+            out["present"] += sorted(str(p) for p in grade.iterdir() if p.is_file())
     return out
 
 
@@ -284,7 +285,7 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
         ("task / slot / attempt", f"{a.task_id} / {a.slot} / {a.attempt_no}"),
         ("seed", a.seed),
         ("container", a.container or "- (never started)"),
-        ("image", f"{a.image or r.image}  {r.image_digest}"),
+        ("image", f"{a.image or r.image}  {(r.images or {}).get(a.task_id) or r.image_digest}"),
         ("cpuset", a.cpuset or "-"),
         ("beside it", concurrent),
         ("started / finished", f"{a.started_at:%Y-%m-%d %H:%M:%S} / {a.finished_at:%H:%M:%S} UTC"),
@@ -357,8 +358,16 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
             c.print(Text.assemble("  ", mark, printable(f"{ch.get('name')} [{ch.get('kind')}]"),
                                   (printable(f" — {ch['detail']}") if ch.get("detail") else "")))
 
+    _print_verifier_and_services(a, r)
     c.print(Rule("state diff vs fixture (what the agent changed)", style="dim", align="left"))
-    if not doc["state_diff_summary"]:
+    if isinstance((a.state_diff or {}).get("files"), dict):
+        fd = a.state_diff["files"]
+        c.print(Text(f"{fd.get('total', 0)} path(s) differ from the fixture" if fd.get("total") else "no changes"))
+        for line in diff_lines(a.state_diff):
+            c.print(Text("  " + printable(line)))
+    elif a.reward is not None and not doc["state_diff_summary"]:
+        c.print(Text("judged by a verifier: see its output below and the evidence in the artifacts folder", style="dim"))
+    elif not doc["state_diff_summary"]:
         if a.grade_status == "ungradable":
             c.print(Text("not available: the final state could not be read (see the grade above)", style="dim"))
         else:
@@ -376,6 +385,8 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
     for name in ARTIFACT_FILES:
         tail = doc["artifacts"]["tails"].get(name)
         title = f"{name} (tail)"
+        if tail is None and name in OPTIONAL_FILES:
+            continue
         if tail is None:
             c.print(Rule(title, style="dim", align="left"))
             c.print(Text("not present" + ("" if a.artifacts and Path(a.artifacts).exists() else " (artifacts folder gone; `harness gc` may have removed it)"), style="dim"))
@@ -388,6 +399,40 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
     c.print(Rule(f"saturation over time ({doc['samples_count']} samples)", style="dim", align="left"))
     c.print(chart(doc["series"], th, a.memory_max, width=max(20, min(80, c.width - 40))))
     c.print(Text(f"raw samples: harness samples {a.id} --csv", style="dim"))
+
+
+def _print_verifier_and_services(a: Any, r: Any) -> None:
+    """A verifier's reward, the services' counters, what the envelope could not enforce and
+    what the task asked for, and the run's base-image substitutions."""
+    c = console
+    if a.reward is not None or a.rewards:
+        extra = "  " + ", ".join(f"{k} {v:g}" for k, v in list(a.rewards.items())[:8]) if a.rewards else ""
+        c.print(Text(f"reward {a.reward:g}{extra}" if a.reward is not None else f"reward: none{extra}"))
+    if a.services:
+        c.print(Rule("services (same cores as the agent; their CPU is theirs, never foreign)", style="dim", align="left"))
+        st = Table(show_edge=False, pad_edge=False)
+        for col in ("service", "image", "memory", "cpu used", "memory peak", "envelope"):
+            st.add_column(col)
+        for name, s in a.services.items():
+            cnt = s.get("counters") or {}
+            ap = s.get("envelope_applied") or {}
+            mism = s.get("mismatches") or []
+            st.add_row(name, s.get("image", "-"), format_size(ap.get("memory_max")),
+                       _secs((cnt.get("cpu_usage_us") or 0) / 1e6 if cnt else None), format_size(cnt.get("memory_peak")),
+                       Text("DIFFERS: " + "; ".join(mism), style="bold red") if mism else Text("ok", style="green"))
+        c.print(st)
+    notes = list(a.envelope_notes or [])
+    if a.requested_envelope:
+        notes.append("the task asked for " + json.dumps(a.requested_envelope, sort_keys=True, default=str)[:400] + " (replaced by --profile)")
+    adj = (r.adjustments or {}).get(a.task_id)
+    if adj:
+        notes.append(f"envelope fitted to this machine: {adj.get('note', adj)}")
+    if r.substitutions:
+        notes += [f"image built FROM {local} in place of {ref}" for ref, local in r.substitutions.items()]
+    if notes:
+        c.print(Rule("envelope notes", style="dim", align="left"))
+        for n in notes:
+            c.print(Text("  " + printable(n)))
 
 
 # ----------------------------------------------------------------------------- samples

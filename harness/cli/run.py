@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from harness.cli.app import DB_HELP, console, die, err, fmt3
 from harness.cli.progress import ProgressDisplay, sigterm_as_interrupt
@@ -29,6 +30,10 @@ def run(
     reserve_cores: Optional[int] = typer.Option(None, "--reserve-cores", help="Cores kept for the controller (default 1 when the machine has more than one)."),
     agent_image: Optional[str] = typer.Option(None, "--agent-image", help="Run your agent's image instead of the suite's (build it FROM the suite image)."),
     agent_cmd: Optional[str] = typer.Option(None, "--agent-cmd", help="Agent command line (shell-quoted), e.g. 'python3 /opt/my/agent.py'."),
+    agent: Optional[str] = typer.Option(None, "--agent", help="A built-in agent instead of the suite's: oracle (runs each task's "
+                                        "solution) or nop (does nothing)."),
+    base_map: list[str] = typer.Option([], "--base-map", help="FOREIGN=LOCAL: build per-task images FROM LOCAL where their "
+                                       "Dockerfile names FOREIGN (repeatable; globs: 'python:3.*=harness/python:bookworm')."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON summary document instead of tables."),
     note: str = typer.Option("", "--note", help="Free text stored with the run."),
@@ -37,6 +42,9 @@ def run(
 
     Each attempt is SLA-judged; discarded attempts are rerun (up to --max-reruns) and kept
     as evidence; clean ones are graded by the state they leave. Everything is stored.
+    A suite is a built-in name, a native suite directory (suite.toml), or Harbor /
+    Terminal-Bench task directories (task.toml / task.yaml; one task or a directory of
+    them), whose images are built per task offline (foreign bases mapped: `harness images basemap`).
 
     Examples:
 
@@ -46,6 +54,8 @@ def run(
 
       harness run --suite ./my-suite --agent-image my/agent:dev --agent-cmd 'python3 /agent/main.py' --json
 
+      harness run --suite ./harbor-tasks --agent oracle --base-map python:3.13-slim=harness/python:bookworm
+
       harness run --resume last      (after Ctrl-C or a crash: same seeds, same envelope, missing slots only)
     """
     from harness.core.aggregate import summarize
@@ -54,7 +64,8 @@ def run(
     if (suite is None) == (resume is None):
         die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
     if resume is not None:
-        given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns, "--agent-image": agent_image, "--agent-cmd": agent_cmd}
+        given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns,
+                 "--agent-image": agent_image, "--agent-cmd": agent_cmd, "--agent": agent, "--base-map": base_map or None}
         clash = [k for k, v in given.items() if v is not None]
         if clash:
             die(f"--resume keeps the run's identity; {', '.join(clash)} cannot change it (start a new run instead)")
@@ -77,6 +88,9 @@ def run(
         agent_cmd=agent_argv,
         note=note,
         ks=_parse_ks(k) if k else None,
+        agent=agent,
+        base_map=list(base_map) or None,
+        log=None if json_out else (lambda m: err.print(f"[dim]{m}[/]", highlight=False)),
     )
     if resume is not None:
         runner = Runner.resume(resume, db=db, concurrency=concurrency, reserve_cores=reserve_cores)
@@ -89,6 +103,7 @@ def run(
             f"concurrency {r.concurrency}  max reruns {r.max_reruns}  image {r.image}",
             highlight=False,
         )
+        print_run_notes(r)
     t0 = time.monotonic()
     sigterm_as_interrupt()
     with ProgressDisplay(len(r.task_ids) * r.trials, quiet=json_out) as display:
@@ -106,6 +121,20 @@ def run(
         return
     print_summary(summary)
     console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}   per-attempt: harness trials {r.id}[/]")
+
+
+def print_run_notes(r: Any) -> None:
+    """What a run changed or left out, before it starts (also in `harness report`)."""
+    for task, why in (r.excluded or {}).items():
+        err.print(Text.assemble(("not run ", "yellow"), f"{task}: ", why.splitlines()[0][:300]))
+        for line in why.splitlines()[1:]:
+            err.print(Text(line[:200], style="dim"))
+    for task, adj in (r.adjustments or {}).items():
+        err.print(Text.assemble(("envelope fitted ", "yellow"), f"{task}: {adj.get('note', adj)}"))
+    for ref, local in (r.substitutions or {}).items():
+        err.print(Text.assemble(("base substituted ", "cyan"), f"{ref} -> {local}"))
+    if not r.task_overrides:
+        err.print(Text("the tasks' own envelopes are replaced by --profile (each attempt keeps what its task asked for)", style="dim"))
 
 
 def _parse_ks(text: str) -> list[int]:
@@ -159,45 +188,6 @@ def print_summary(s: dict[str, Any]) -> None:
     if s.get("excluded"):
         for key, tasks in s["excluded"].items():
             console.print(f"[yellow]{key}[/]: {len(tasks)} task(s) with fewer than k clean trials left out: {', '.join(tasks)}")
-
-
-def suites(
-    name: Optional[str] = typer.Argument(None, help="Show one suite's tasks."),
-    json_out: bool = typer.Option(False, "--json", help="JSON output."),
-) -> None:
-    """List the built-in suites, or the tasks of one suite (name or path).
-
-    Examples:
-
-      harness suites
-
-      harness suites refunds
-    """
-    from harness.engine.suites import builtin_suites, load_suite
-
-    if name is None:
-        ss = [load_suite(n) for n in builtin_suites()]
-        if json_out:
-            print(json.dumps([{"name": s.name, "description": s.description, "tasks": len(s.tasks), "image": s.image, "trials": s.trials, "k": s.k} for s in ss], indent=2))
-            return
-        t = Table(title="built-in suites")
-        for c in ("suite", "tasks", "trials", "k", "profile", "image", "description"):
-            t.add_column(c)
-        for s in ss:
-            t.add_row(s.name, str(len(s.tasks)), str(s.trials), ",".join(map(str, s.k)), s.profile, s.image, s.description)
-        console.print(t)
-        return
-    s = load_suite(name)
-    if json_out:
-        print(json.dumps({"name": s.name, "tasks": [{"id": t.id, "title": t.title, "tags": list(t.tags)} for t in s.tasks]}, indent=2))
-        return
-    t = Table(title=f"{s.name}: {s.description}")
-    for c in ("task", "title", "tags", "envelope override"):
-        t.add_column(c)
-    for task in s.tasks:
-        ov = task.envelope.model_dump(exclude_none=True) if task.envelope else {}
-        t.add_row(task.id, task.title, ",".join(task.tags), json.dumps(ov) if ov else "")
-    console.print(t)
 
 
 def runs(
@@ -369,6 +359,5 @@ def print_sweep(doc: dict[str, Any]) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command()(run)
-    app.command()(suites)
     app.command()(runs)
     app.command()(sweep)

@@ -71,7 +71,8 @@ def sandbox_exec(
     from harness.engine.command import run_command
     from harness.engine.profiles import load_profile
     from harness.engine.scheduler import CpuPool, allowed_cpus, pin_process
-    from harness.sandbox.docker_sandbox import DockerBackend, connect
+    from harness.sandbox.docker_backend import DockerBackend
+    from harness.sandbox.docker_sandbox import connect
 
     prof = load_profile(profile)
     cpus = _parse_cpuset(cpuset) if cpuset else None

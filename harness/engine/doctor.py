@@ -23,7 +23,8 @@ def run_checks() -> list[Check]:
     from harness.engine.suites import builtin_suites, load_suite
     from harness.measure import host as hoststats
     from harness.model.errors import EngineError
-    from harness.sandbox.docker_sandbox import DockerBackend, connect, image_present
+    from harness.sandbox.docker_backend import DockerBackend
+    from harness.sandbox.docker_sandbox import connect, image_present
     from harness.sandbox.images import BASE_IMAGE, SANDBOX_IMAGE
 
     out: list[Check] = [Check("harness", "ok", f"version {harness.__version__}")]

@@ -1,38 +1,46 @@
 """The attempt pipeline: one attempt of one slot, as phases over the extension points.
 
-    sandbox up (envelope read back) -> setup (state kind) -> agent (measured)
-      -> stop (tree frozen and killed) -> grade (in the sandbox, grade envelope)
-      -> export evidence -> sandbox removed -> SLA judge -> immutable AttemptRecord
+    services up (private network, health) -> sandbox up (envelope read back) -> setup (state kind)
+      -> agent (measured, services on the same cores) -> stop (tree frozen and killed)
+      -> grade (the grader's plan: in the sandbox, in a service, or in a separate sandbox,
+         under the grade envelope) -> evidence out -> everything removed -> SLA judge
+      -> immutable AttemptRecord
 
-It never raises: whatever happens becomes the record (an engine error is ``infra_error``,
-discarded and rerun like any host breach). The controller reads the agent's content only as
-the grader's size-capped verdict; the exported files are kept as evidence, never parsed.
+It never raises: whatever happens becomes the record (an engine error or a service that never
+became healthy is ``infra_error``, discarded and rerun like any host breach). The controller
+reads the agent's content only as the grader's size-capped verdict or reward; the exported
+files are kept as evidence, never parsed.
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from harness.core import outcome
 from harness.core.envelope import PAGE
 from harness.core.sla import judge
+from harness.engine.events import EventSink
 from harness.model.attempt import COUNTER_COLUMNS, AttemptRecord
 from harness.model.grade import MAX_VERDICT_BYTES, GradeResult
 from harness.model.profile import Profile
 from harness.model.run import RunRecord
+from harness.model.sandbox import INPUT_DIR, LOGS_DIR, TESTS_DIR, TRANSCRIPT_FILE, WORKDIR, Tree
 from harness.model.suite import Suite, Task
-from harness.model.units import format_size, utcnow
-from harness.sandbox.base import Command, Sandbox, SandboxBackend, SandboxSpec
+from harness.model.units import MiB, format_size, utcnow
+from harness.sandbox.base import ROOT_CAPS, Command, Exported, ExportFile, Network, Sandbox, SandboxBackend, SandboxSpec
 from harness.sandbox.owners import LABEL_ATTEMPT, LABEL_RUN
 from harness.state import grader as grader_named
 from harness.state import state_kind
-from harness.model.sandbox import INPUT_DIR, TRANSCRIPT_FILE, WORKDIR
-from harness.engine.events import EventSink
+from harness.state.base import GradePlan, Grader, ServiceRun, StateKind
+
+LOGS_TMPFS = 16 * MiB  # /logs in a read-only-root sandbox whose task has a verifier
+
 
 @dataclass(frozen=True)
 class AttemptJob:
@@ -41,13 +49,17 @@ class AttemptJob:
     run: RunRecord
     suite: Suite
     task: Task
-    profile: Profile  # the effective envelope (the task's override applied)
+    profile: Profile  # the effective envelope (the task's override applied, unless --profile replaced it)
     slot: int
     attempt_no: int
     seed: int
     cpuset: list[int]
     concurrent: int
     artifacts: Path
+    image: str = ""  # the image the sandbox runs (the task's, else the suite's)
+    agent_cmd: list[str] = field(default_factory=list)  # the agent command for this task
+    trees: dict[str, Tree] = field(default_factory=dict)  # read-only trees for the agent (/solution, an agent directory)
+    requested: dict[str, Any] = field(default_factory=dict)  # the task's own envelope when --profile replaced it
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,30 @@ class _Draft:
         self.f["error"] = (self.f["error"] + "; " if self.f.get("error") else "") + text
 
 
+class _Ctx:
+    """What the phases found, for the judge."""
+
+    def __init__(self) -> None:
+        self.infra: str | None = None
+        self.mismatches: list[str] = []
+        self.exec_res: Any = None
+        self.counters: Any = None
+        self.host: Any = None
+        self.grade: GradeResult | None = None
+        self.started = False
+
+
+def service_profile(profile: Profile, svc: Any) -> Profile:
+    """A service's envelope: its own memory, pids and tmpfs, on the attempt's cores."""
+    cpus = min(svc.cpus or profile.cpus, float(profile.cores))
+    return profile.model_copy(update={"name": f"{profile.name}+{svc.name}", "cpus": cpus, "memory": svc.memory,
+                                      "pids": svc.pids, "tmpfs": dict(svc.tmpfs), "storage": None})
+
+
+def _root(user: str | None) -> bool:
+    return user is not None and user.split(":")[0] in ("0", "root")
+
+
 class AttemptPipeline:
     """Runs attempts on a sandbox backend. ``stop`` is the run's stop event: an attempt
     whose sandbox starts after it is set is removed at once and recorded as interrupted."""
@@ -80,50 +116,116 @@ class AttemptPipeline:
         self.stop = stop
 
     def run(self, job: AttemptJob) -> AttemptOutput:
-        t_start = time.monotonic()
+        return _Attempt(self, job).run()
+
+
+class _Attempt:
+    """One attempt's phases (see the module docstring)."""
+
+    def __init__(self, pipeline: AttemptPipeline, job: AttemptJob):
+        self.p = pipeline
+        self.job = job
         run, task, profile = job.run, job.task, job.profile
-        d = _Draft(
+        self.d = _Draft(
             run_id=run.id, task_id=task.id, slot=job.slot, attempt_no=job.attempt_no, seed=job.seed,
             verdict="discarded", cpuset=",".join(map(str, job.cpuset)), concurrent=job.concurrent,
-            image=run.image, envelope=profile.model_dump(mode="json"), started_at=utcnow(), artifacts=str(job.artifacts),
+            image=job.image or run.image, envelope=profile.model_dump(mode="json"), started_at=utcnow(), artifacts=str(job.artifacts),
+            requested_envelope=dict(job.requested),
         )
-        ctx = _Ctx()
-        sb: Sandbox | None = None
+        self.ctx = _Ctx()
+        self.sb: Sandbox | None = None
+        self.services: dict[str, Sandbox] = {}
+        self.net: Network | None = None
+        self.extra: list[Sandbox] = []  # a separate verifier's sandbox
+        self.t_start = time.monotonic()
+
+    # -- the whole attempt -----------------------------------------------------
+    def run(self) -> AttemptOutput:
+        job, d, ctx = self.job, self.d, self.ctx
         removed = True
         try:
-            kind = state_kind(task.state_kind)
-            grader = grader_named(task.grader)
-            state_inputs = kind.prepare(job.suite, task)
-            spec = SandboxSpec(
-                image=run.image, profile=profile, cpuset=job.cpuset,
-                labels={LABEL_RUN: run.id, LABEL_ATTEMPT: f"{task.id}/{job.slot}/{job.attempt_no}"},
-                inputs={**state_inputs.files, "prompt.txt": task.prompt.encode()},
-                with_grade_dir=True,
-            )
-            sb = self.backend.sandbox(spec)
+            kind = state_kind(job.task.state_kind)
+            grader = grader_named(job.task.grader_kind)
+            inputs = kind.prepare(job.suite, job.task)
+            plan = grader.plan(job.suite, job.task, kind)
             job.artifacts.mkdir(parents=True, exist_ok=True)
-            self._attempt(job, sb, d, ctx, kind, grader, state_inputs)
+            if self._services_up([*self._declared_services(), *inputs.services]):
+                self.sb = self.p.backend.sandbox(self._sandbox_spec(inputs, plan))
+                self._attempt(kind, grader, inputs, plan)
         except Exception as e:  # the engine went away mid-attempt, a bug: never lose the attempt
             if not ctx.infra:
                 ctx.infra = ("container died during the attempt (engine restart, removal or kill outside the harness)"
-                             if ctx.started and not sb.alive() else f"{type(e).__name__}: {str(e)[:300]}")
+                             if ctx.started and self.sb is not None and not self.sb.alive() else f"{type(e).__name__}: {str(e)[:300]}")
             d.note(traceback.format_exc(limit=3)[-1500:])
         finally:
-            if sb is not None:
-                t = time.monotonic()
-                removed = sb.remove()
-                self._phase(job, "remove", t)
-                if not removed:
-                    d.note(f"container {sb.name} could not be removed yet; its cores stay leased until it is")
-            record = self._finish(job, d, ctx, t_start)
+            removed = self._down()
+            record = self._finish()
+        sb = self.sb
         return AttemptOutput(record=record, removed=removed, retry_remove=None if removed or sb is None else sb.remove)
 
-    # -- phases ----------------------------------------------------------------
-    def _phase(self, job: AttemptJob, name: str, t0: float) -> None:
-        self.events.phase(job.run.id, job.task.id, job.slot, job.attempt_no, name, t0, time.monotonic())
+    def _phase(self, name: str, t0: float) -> None:
+        j = self.job
+        self.p.events.phase(j.run.id, j.task.id, j.slot, j.attempt_no, name, t0, time.monotonic())
 
-    def _attempt(self, job: AttemptJob, sb: Sandbox, d: _Draft, ctx: "_Ctx", kind: Any, grader: Any, state_inputs: Any) -> None:
-        run, task, profile = job.run, job.task, job.profile
+    def _labels(self) -> dict[str, str]:
+        j = self.job
+        return {LABEL_RUN: j.run.id, LABEL_ATTEMPT: f"{j.task.id}/{j.slot}/{j.attempt_no}"}
+
+    # -- services --------------------------------------------------------------
+    def _declared_services(self) -> list[ServiceRun]:
+        return [ServiceRun(spec=s) for s in (*self.job.suite.services, *self.job.task.services)]
+
+    def _services_up(self, runs: list[ServiceRun]) -> bool:
+        """Start every service on a fresh private network and wait until each is healthy."""
+        if not runs:
+            return True
+        t = time.monotonic()
+        try:
+            self.net = self.p.backend.network(self._labels())
+            for r in runs:
+                s = r.spec
+                spec = SandboxSpec(image=s.image, profile=service_profile(self.job.profile, s), cpuset=self.job.cpuset,
+                                   labels=self._labels(), inputs=dict(r.inputs), with_grade_dir=True, user=s.user or r.tmpfs_owner,
+                                   writable_root=s.writable_root, network=self.net.name, aliases=(s.name,), env=dict(s.env),
+                                   command=list(s.command) if s.command else [])
+                sb = self.p.backend.sandbox(spec)
+                self.services[s.name] = sb
+                sb.start()
+                if sb.envelope is not None:
+                    self.ctx.mismatches += [f"service {s.name}: {m}" for m in sb.envelope.mismatches]
+            for r in runs:
+                why = self.services[r.spec.name].healthy(r.spec.health, r.spec.health_timeout, self.p.stop)
+                if why:
+                    self.ctx.infra = f"service {r.spec.name} ({r.spec.image}) {why}"
+                    return False
+        except Exception as e:
+            self.ctx.infra = f"service could not start: {str(e)[:300]}"
+            return False
+        finally:
+            self._phase("services", t)
+        return True
+
+    # -- the sandbox -----------------------------------------------------------
+    def _sandbox_spec(self, inputs: Any, plan: GradePlan) -> SandboxSpec:
+        job, task = self.job, self.job.task
+        sbo = task.sandbox
+        user = sbo.user or job.profile.user
+        tmpfs = dict(inputs.tmpfs)
+        verifier_here = plan.output == "reward" and plan.site == "sandbox"
+        if not sbo.writable_root and (verifier_here or sbo.logs):
+            tmpfs.setdefault(LOGS_DIR, LOGS_TMPFS)
+        return SandboxSpec(
+            image=job.image or job.run.image, profile=job.profile, cpuset=job.cpuset, labels=self._labels(),
+            inputs={**inputs.files, "prompt.txt": task.prompt.encode()}, with_grade_dir=True, user=sbo.user,
+            writable_root=sbo.writable_root, tmpfs=tmpfs,
+            late_dirs=(TESTS_DIR,) if plan.tests is not None and plan.site == "sandbox" else (),
+            trees=dict(job.trees), network=self.net.name if self.net else None, egress=job.profile.network == "bridge",
+            workdir=sbo.workdir, caps=ROOT_CAPS if _root(user) and sbo.writable_root else (),
+        )
+
+    def _attempt(self, kind: StateKind, grader: Grader, inputs: Any, plan: GradePlan) -> None:
+        job, d, ctx, sb = self.job, self.d, self.ctx, self.sb
+        assert sb is not None
         t = time.monotonic()
         try:
             sb.start()
@@ -131,129 +233,300 @@ class AttemptPipeline:
             ctx.infra = str(e)
             return
         finally:
-            self._phase(job, "sandbox", t)
+            self._phase("sandbox", t)
         ctx.started = True
         d.f["container"] = sb.name
-        if self.stop.is_set():
+        if self.p.stop.is_set():
             ctx.infra = "the controller was stopped before the agent started"
             return
         if sb.envelope is not None:
-            ctx.mismatches = list(sb.envelope.mismatches)
+            ctx.mismatches = list(sb.envelope.mismatches) + ctx.mismatches
             applied = sb.envelope.applied
             d.f["envelope_applied"] = applied.model_dump(mode="json") if applied else {}
             if applied is not None:
                 d.f["memory_max"], d.f["pids_max"] = applied.memory_max, applied.pids_max
-        if state_inputs.setup:
-            t = time.monotonic()
-            setup = sb.exec(state_inputs.setup, timeout=profile.timeouts.setup)
-            self._phase(job, "setup", t)
-            d.f["setup_wall_s"] = setup.wall_s
-            if setup.exit_code != 0:
-                ctx.infra = (
-                    f"setup failed (exit {setup.exit_code}{', timed out' if setup.timed_out else ''}): "
-                    f"{((setup.stderr or setup.stdout).strip().splitlines() or [''])[-1][:300]}"
-                )
-                return
-        env = {
-            **job.suite.agent_env,
-            **state_inputs.env,
-            "HARNESS_SEED": str(job.seed),
-            "HARNESS_TASK_ID": task.id,
-            "HARNESS_TRIAL": str(job.slot),
-            "HARNESS_ATTEMPT": str(job.attempt_no),
-            "HARNESS_RUN_ID": run.id,
-            "HARNESS_PROMPT_FILE": f"{INPUT_DIR}/prompt.txt",
-            "HARNESS_TRANSCRIPT": f"{WORKDIR}/{TRANSCRIPT_FILE}",
-            "HARNESS_WORKDIR": WORKDIR,
-            "HOME": WORKDIR,
-        }
-        t = time.monotonic()
-        m = sb.measured_exec(list(run.agent_cmd), timeout=profile.timeouts.agent, env=env, workdir=WORKDIR)
-        self._phase(job, "agent", t)
-        ctx.exec_res, ctx.counters, ctx.host = m.result, m.counters, m.host
-        d.f["samples"] = list(m.samples)
-        d.f["monitor_errors"] = m.monitor_errors
-        _write(job.artifacts / "stdout.txt", m.result.stdout.encode(), d)
-        _write(job.artifacts / "stderr.txt", m.result.stderr.encode(), d)
-        why = outcome.agent_start_failure(m.result)
-        if why:
-            ctx.infra = why
+        d.f["envelope_notes"] = list(getattr(sb, "notes", []))
+        if not self._setup(inputs):
             return
-        if not sb.alive():
-            # removed or killed outside the harness (an engine restart, `docker rm`, Ctrl-C):
-            # the exit status means nothing, so the attempt cannot be graded
-            ctx.infra = "container died during the agent phase (engine restart, removal or kill outside the harness)"
-            return
-        if m.counters is None:
-            ctx.infra = "the container's cgroup counters could not be read; the attempt is unmeasured"
+        if not self._agent(inputs):
             return
         # orphans the agent left behind must not touch the state while it is graded and copied out
         t = time.monotonic()
         sb.kill_tree()
-        self._phase(job, "stop", t)
+        self._phase("stop", t)
         if sb.workload_alive():
             ctx.infra = "agent processes survived the kill; the final state cannot be trusted"
             return
-        self._grade_and_export(job, sb, d, ctx, grader, kind)
+        self._grade(kind, grader, plan)
         if ctx.grade is not None and ctx.grade.status == "broken":
             ctx.infra = f"grading failed: {ctx.grade.reason}"
         if not sb.alive() and not ctx.infra:
             ctx.infra = "container died while the final state was graded or exported"
 
-    def _grade_and_export(self, job: AttemptJob, sb: Sandbox, d: _Draft, ctx: "_Ctx", grader: Any, kind: Any) -> None:
-        """The grader, in this sandbox, under the profile's grade envelope; then the evidence
-        out -- both in one exec. If that exec did not reach the export (killed), the files
-        are copied out on their own."""
-        profile = job.profile
-        exports = [(f.name, f.cap, f.keep_head) for f in kind.exports(profile)]
-        exp = None
+    def _setup(self, inputs: Any) -> bool:
+        job, d, ctx, sb = self.job, self.d, self.ctx, self.sb
+        sbo = job.task.sandbox
+        cmds: list[tuple[list[str], str | None]] = []
+        if sbo.logs and sbo.writable_root:
+            # Harbor's folders, writable by the agent's user whoever it is
+            cmds.append((["sh", "-c", f"mkdir -p {LOGS_DIR}/agent {LOGS_DIR}/verifier {LOGS_DIR}/artifacts && chmod 0777 "
+                          f"{LOGS_DIR}/agent {LOGS_DIR}/verifier {LOGS_DIR}/artifacts"], "0:0"))
+        elif sbo.logs or LOGS_DIR in sb.spec.tmpfs:
+            cmds.append((["mkdir", "-p", f"{LOGS_DIR}/agent", f"{LOGS_DIR}/verifier", f"{LOGS_DIR}/artifacts"], None))
+        cmds += [(c, None) for c in inputs.setup]
+        if not cmds:
+            return True
+        t = time.monotonic()
+        wall = 0.0
+        try:
+            for cmd, user in cmds:
+                res = sb.exec(cmd, timeout=job.profile.timeouts.setup, user=user)
+                wall += res.wall_s
+                if res.exit_code != 0:
+                    ctx.infra = (f"setup failed (exit {res.exit_code}{', timed out' if res.timed_out else ''}): "
+                                 f"{((res.stderr or res.stdout).strip().splitlines() or [''])[-1][:300]}")
+                    return False
+        finally:
+            d.f["setup_wall_s"] = round(wall, 4)
+            self._phase("setup", t)
+        return True
+
+    def _agent_env(self, inputs: Any) -> dict[str, str]:
+        job, task = self.job, self.job.task
+        workdir = task.sandbox.workdir or WORKDIR
+        env = {
+            **job.suite.agent_env,
+            **task.sandbox.env,
+            **inputs.env,
+            "HARNESS_SEED": str(job.seed),
+            "HARNESS_TASK_ID": task.id,
+            "HARNESS_TRIAL": str(job.slot),
+            "HARNESS_ATTEMPT": str(job.attempt_no),
+            "HARNESS_RUN_ID": job.run.id,
+            "HARNESS_PROMPT_FILE": f"{INPUT_DIR}/prompt.txt",
+            "HARNESS_TRANSCRIPT": f"{workdir}/{TRANSCRIPT_FILE}" if not task.sandbox.logs else f"{LOGS_DIR}/agent/{TRANSCRIPT_FILE}",
+            "HARNESS_WORKDIR": workdir,
+        }
+        if not task.sandbox.writable_root:
+            env["HOME"] = WORKDIR
+        return env
+
+    def _agent(self, inputs: Any) -> bool:
+        job, d, ctx, sb = self.job, self.d, self.ctx, self.sb
+        t = time.monotonic()
+        m = sb.measured_exec(list(job.agent_cmd or job.run.agent_cmd), timeout=job.profile.timeouts.agent, env=self._agent_env(inputs),
+                             workdir=job.task.sandbox.workdir or None, also=list(self.services.values()))
+        self._phase("agent", t)
+        ctx.exec_res, ctx.counters, ctx.host = m.result, m.counters, m.host
+        d.f["samples"] = list(m.samples)
+        d.f["monitor_errors"] = m.monitor_errors
+        d.f["services"] = self._service_record(m.services)
+        _write(job.artifacts / "stdout.txt", m.result.stdout.encode(), d)
+        _write(job.artifacts / "stderr.txt", m.result.stderr.encode(), d)
+        why = outcome.agent_start_failure(m.result)
+        if why:
+            ctx.infra = why
+            return False
+        if not sb.alive():
+            # removed or killed outside the harness (an engine restart, `docker rm`, Ctrl-C):
+            # the exit status means nothing, so the attempt cannot be graded
+            ctx.infra = "container died during the agent phase (engine restart, removal or kill outside the harness)"
+            return False
+        if m.counters is None:
+            ctx.infra = "the container's cgroup counters could not be read; the attempt is unmeasured"
+            return False
+        dead = [n for n, s in self.services.items() if not s.alive()]
+        if dead:
+            ctx.infra = f"service {', '.join(dead)} died during the agent phase"
+            return False
+        return True
+
+    def _service_record(self, deltas: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name, s in self.services.items():
+            env = s.envelope
+            delta = deltas.get(s.name)
+            out[name] = {"image": s.spec.image, "container": s.name,
+                         "envelope_applied": env.applied.model_dump(mode="json") if env is not None and env.applied else {},
+                         "mismatches": list(env.mismatches) if env is not None else [],
+                         "counters": delta.model_dump(mode="json") if delta is not None else {}}
+        return out
+
+    # -- grading ---------------------------------------------------------------
+    def _grade(self, kind: StateKind, grader: Grader, plan: GradePlan) -> None:
+        job, d, ctx, sb = self.job, self.d, self.ctx, self.sb
+        evidence = kind.exports(job.suite, job.task, job.profile)
+        one_exec = plan.site == "sandbox" and plan.output == "verdict" and not sb.spec.writable_root and not plan.tests
+        if not one_exec:
+            carry = [f for f, _ in plan.carry if f.name not in {e.name for e in evidence}]
+            self._export(sb, evidence + carry, job.artifacts)
         t = time.monotonic()
         try:
-            now = sb.snapshot()
-            used = (now.memory_current or 0) if now is not None else 0
-            limit = -(-(used + profile.grade.memory) // PAGE) * PAGE
-            quota = profile.grade_quota_us
-            applied = sb.set_envelope(limit, quota)
-            d.f["grade_envelope"] = {
-                "memory_max": applied.memory_max if applied else None, "cpu_quota_us": applied.cpu_quota_us if applied else None,
-                "memory_in_use": used, "memory_for_grader": profile.grade.memory, "timeout_s": profile.timeouts.grade,
-            }
-            if applied is None or applied.memory_max is None or abs(applied.memory_max - limit) > PAGE or applied.cpu_quota_us != quota:
-                ctx.grade = GradeResult(status="broken", reason=f"grade envelope not applied (asked memory {format_size(limit)}, "
-                                        f"quota {quota} us; kernel {applied.memory_max if applied else None}, "
-                                        f"{applied.cpu_quota_us if applied else None})")
-            else:
-                program = grader.program(job.suite, job.task)
-                sb.put_grade_files(program.files)
-                before = sb.snapshot()
-                exp = sb.export(exports, timeout=profile.timeouts.grade, dest=job.artifacts,
-                                then=Command(program.cmd, profile.timeouts.grade, MAX_VERDICT_BYTES))
-                after = sb.snapshot()
-                sb.kill_tree()
-                res = exp.command
-                oom = res.exit_code == 137 and not res.timed_out
-                if before is not None and after is not None and before.oom_kills is not None and after.oom_kills is not None:
-                    oom = oom or after.oom_kills > before.oom_kills
-                if res.stderr.strip():
-                    _write(job.artifacts / "grade-stderr.txt", res.stderr.encode(), d)
-                ctx.grade = grader.read(res, oom, profile.timeouts.grade)
-                d.f["grade_wall_s"] = round(res.wall_s, 4)
+            target = self._grade_target(plan)
+            if target is None:
+                return
+            exp = self._run_grader(target, plan, evidence if one_exec else [])
+            if exp is None:
+                return
+            res = exp.command
+            read_back = self._read_back(plan)
+            ctx.grade = grader.read(job.task, res, self._oom, job.profile.timeouts.grade, read_back)
+            d.f["grade_wall_s"] = round(res.wall_s, 4)
+            if plan.output == "reward":
+                _write(job.artifacts / "verifier-stdout.txt", res.stdout.encode(), d)
+                _write(job.artifacts / "verifier-stderr.txt", res.stderr.encode(), d)
+            elif res.stderr.strip():
+                _write(job.artifacts / "grade-stderr.txt", res.stderr.encode(), d)
         finally:
-            self._phase(job, "grade", t)
-        if exp is None or not exp.complete:
-            t = time.monotonic()
-            exp = sb.export(exports, timeout=profile.timeouts.grade, dest=job.artifacts)
-            self._phase(job, "export", t)
-        if exp.problems:
-            d.note("; ".join(exp.problems))
+            self._phase("grade", t)
+        if one_exec and not exp.complete:
+            self._export(sb, evidence, job.artifacts)
 
-    # -- the record ------------------------------------------------------------
-    def _finish(self, job: AttemptJob, d: _Draft, ctx: "_Ctx", t_start: float) -> AttemptRecord:
+    def _grade_target(self, plan: GradePlan) -> Sandbox | None:
+        """Where the plan runs, with the grade envelope applied (read back), or None (recorded why)."""
+        job, ctx = self.job, self.ctx
+        if plan.site == "service":
+            target = self.services.get(plan.service or "")
+            if target is None:
+                ctx.grade = GradeResult(status="broken", reason=f"the grader needs service {plan.service!r}, which this attempt does not have")
+                return None
+        elif plan.site == "separate":
+            target = self._separate(plan)
+            if target is None:
+                return None
+        else:
+            target = self.sb
+        now = target.snapshot()
+        used = (now.memory_current or 0) if now is not None else 0
+        limit = -(-(used + job.profile.grade.memory) // PAGE) * PAGE
+        quota = job.profile.grade_quota_us
+        applied = target.set_envelope(limit, quota)
+        self.d.f["grade_envelope"] = {
+            "memory_max": applied.memory_max if applied else None, "cpu_quota_us": applied.cpu_quota_us if applied else None,
+            "memory_in_use": used, "memory_for_grader": job.profile.grade.memory, "timeout_s": job.profile.timeouts.grade,
+            "site": plan.site if plan.site != "service" else f"service {plan.service}",
+        }
+        if applied is None or applied.memory_max is None or abs(applied.memory_max - limit) > PAGE or applied.cpu_quota_us != quota:
+            ctx.grade = GradeResult(status="broken", reason=f"grade envelope not applied (asked memory {format_size(limit)}, "
+                                    f"quota {quota} us; kernel {applied.memory_max if applied else None}, "
+                                    f"{applied.cpu_quota_us if applied else None})")
+            return None
+        return target
+
+    def _separate(self, plan: GradePlan) -> Sandbox | None:
+        """A fresh sandbox from the task's image (or the verifier's) with the carried state in."""
+        job, ctx = self.job, self.ctx
+        user = plan.user or job.task.sandbox.user or job.profile.user
+        spec = SandboxSpec(image=plan.image or job.image or job.run.image, profile=job.profile, cpuset=job.cpuset,
+                           labels=self._labels(), with_grade_dir=True, user=user, writable_root=True,
+                           network=self.net.name if self.net else None, workdir=plan.workdir or job.task.sandbox.workdir,
+                           caps=ROOT_CAPS if _root(user) else ())
+        t = time.monotonic()
+        try:
+            sep = self.p.backend.sandbox(spec)
+            self.extra.append(sep)
+            sep.start()
+            for f, dest in plan.carry:
+                tar = job.artifacts / f"{f.name}.tar"
+                if tar.is_file():
+                    sep.put_archive(dest, tar)
+        except Exception as e:
+            ctx.infra = f"the separate verifier sandbox could not be made: {str(e)[:300]}"
+            return None
+        finally:
+            self._phase("verifier-sandbox", t)
+        return sep
+
+    def _run_grader(self, target: Sandbox, plan: GradePlan, evidence: list[ExportFile]) -> Exported | None:
+        job = self.job
+        if plan.files:
+            target.put_grade_files(plan.files)
+        if plan.tests is not None:
+            target.put_tree(TESTS_DIR, plan.tests)
+        self._grade_dir = job.artifacts / "grade"
+        if not evidence:
+            self._grade_dir.mkdir(exist_ok=True)
+        before = target.snapshot()
+        cap = MAX_VERDICT_BYTES if plan.output == "verdict" else job.profile.output_cap
+        then = Command(list(plan.cmd), job.profile.timeouts.grade, cap)
+        timeout = job.profile.timeouts.grade
+        if evidence:  # one exec: the grader, then the agent's evidence
+            exp = target.export(evidence, timeout=timeout, dest=job.artifacts, then=then)
+        else:
+            user = plan.user if plan.user is not None else ("" if plan.site == "service" else None)
+            exp = target.export([*plan.reads, *plan.evidence], timeout=timeout, dest=self._grade_dir, then=then,
+                                reset=list(plan.reset), env=dict(plan.env) or None, cwd=plan.workdir, user=user,
+                                kill_after=plan.output == "reward")
+        after = target.snapshot()
+        if target is self.sb:
+            target.kill_tree()
+        res = exp.command
+        self._oom = res is not None and res.exit_code == 137 and not res.timed_out
+        if before is not None and after is not None and before.oom_kills is not None and after.oom_kills is not None:
+            self._oom = self._oom or after.oom_kills > before.oom_kills
+        if exp.problems:
+            self.d.note("; ".join(exp.problems))
+        if res is None:
+            self.ctx.grade = GradeResult(status="broken", reason="the grader did not run")
+            return None
+        self._move_evidence(plan)
+        return exp
+
+    def _move_evidence(self, plan: GradePlan) -> None:
+        """The grader's own evidence (verifier logs, a database dump) beside the attempt's."""
+        if not self._grade_dir.is_dir():
+            return
+        for f in plan.evidence:
+            for name in (f.name, f"{f.name}.tar"):
+                src = self._grade_dir / name
+                if src.is_file():
+                    shutil.move(str(src), str(self.job.artifacts / name))
+
+    def _read_back(self, plan: GradePlan) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        if not self._grade_dir.is_dir():
+            return out
+        for f in plan.reads:
+            p = self._grade_dir / f.name
+            if p.is_file():
+                out[f.name] = p.read_bytes()[: f.cap]
+        return out
+
+    _oom = False
+    _grade_dir: Path
+
+    def _export(self, sb: Sandbox, files: list[ExportFile], dest: Path) -> None:
+        if not files:
+            return
+        t = time.monotonic()
+        exp = sb.export(files, timeout=self.job.profile.timeouts.grade, dest=dest)
+        self._phase("export", t)
+        if exp.problems:
+            self.d.note("; ".join(exp.problems))
+
+    # -- the end ---------------------------------------------------------------
+    def _down(self) -> bool:
+        """Remove the sandbox, the services, the separate verifier and the network."""
+        removed = True
+        t = time.monotonic()
+        for s in [*self.extra, *([self.sb] if self.sb is not None else []), *self.services.values()]:
+            gone = s.remove()
+            if not gone:
+                self.d.note(f"container {s.name} could not be removed yet; its cores stay leased until it is")
+            removed &= gone
+        if self.net is not None and removed and not self.net.remove():
+            self.d.note(f"network {self.net.name} could not be removed yet (the next sweep removes it)")
+        if self.sb is not None or self.services:
+            self._phase("remove", t)
+        return removed
+
+    def _finish(self) -> AttemptRecord:
         """Judge and freeze the record (in the attempt's ``finally``)."""
+        job, d, ctx = self.job, self.d, self.ctx
         f = d.f
         try:
             f["finished_at"] = utcnow()
-            f["wall_s"] = round(time.monotonic() - t_start, 4)
+            f["wall_s"] = round(time.monotonic() - self.t_start, 4)
             res, counters, host = ctx.exec_res, ctx.counters, ctx.host
             if res is not None:
                 f.update(exit_code=res.exit_code, timed_out=res.timed_out, agent_wall_s=res.wall_s,
@@ -271,9 +544,15 @@ class AttemptPipeline:
             if g is not None:
                 f["grade_status"] = g.status
                 f["grade_reason"] = g.reason
+                f["reward"], f["rewards"] = g.reward, dict(g.rewards)
                 if g.verdict is not None:
                     f["grade_checks"] = [c.model_dump(mode="json") for c in g.verdict.checks]
-                    f["state_diff"] = g.verdict.diff.model_dump(mode="json") if g.verdict.diff else {}
+                    if g.verdict.diff is not None:
+                        f["state_diff"] = g.verdict.diff.model_dump(mode="json")
+                    elif g.verdict.files is not None:
+                        f["state_diff"] = {"files": g.verdict.files.model_dump(mode="json")}
+                elif g.checks:
+                    f["grade_checks"] = [c.model_dump(mode="json") for c in g.checks]
             j = judge(job.profile.sla, host, counters, ctx.mismatches, infra_error=ctx.infra)
             f.update(verdict=j.verdict, reasons=j.reasons, rules=[r.model_dump(mode="json") for r in j.rules])
             if ctx.infra:
@@ -287,19 +566,6 @@ class AttemptPipeline:
                                       "started_at", "finished_at", "artifacts", "wall_s") if k in f}
             return AttemptRecord(**keep, verdict="discarded", reasons=["infra_error"],
                                  error=f"{f.get('error') or ''}; the record could not be made: {type(e).__name__}: {str(e)[:300]}")
-
-
-class _Ctx:
-    """What the phases found, for the judge."""
-
-    def __init__(self) -> None:
-        self.infra: str | None = None
-        self.mismatches: list[str] = []
-        self.exec_res: Any = None
-        self.counters: Any = None
-        self.host: Any = None
-        self.grade: GradeResult | None = None
-        self.started = False
 
 
 def _write(path: Path, data: bytes, d: _Draft) -> None:

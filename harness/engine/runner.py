@@ -26,7 +26,9 @@ from harness.core import outcome
 from harness.core.plan import Progress, SlotState, new_run_id, pending_slots, resolve_ks
 from harness.engine.events import EventSink, Fanout
 from harness.engine.executor import Done, LocalExecutor, Work
+from harness.engine import agents
 from harness.engine.pipeline import AttemptJob, AttemptPipeline
+from harness.engine.prepare import Prepared, prepare_tasks
 from harness.engine.profiles import load_profile
 from harness.engine.scheduler import CpuPool
 from harness.engine.suites import load_suite
@@ -37,7 +39,8 @@ from harness.model.profile import Profile
 from harness.model.run import RunRecord
 from harness.model.suite import Suite, Task
 from harness.model.units import utcnow
-from harness.sandbox.docker_sandbox import DockerBackend, connect
+from harness.sandbox.docker_backend import DockerBackend
+from harness.sandbox.docker_sandbox import connect
 from harness.sandbox.images import INPUTS_LABEL, SANDBOX_IMAGE, SUITE_LABEL, dockerfile_inputs, image_identity, image_labels
 from harness.sandbox.owners import controller_id, owner_dead
 from harness.store.store import Store, harness_home
@@ -65,11 +68,14 @@ class RunOptions:
     note: str = ""
     profile_obj: Profile | None = None  # an in-memory profile (sweeps); wins over `profile`
     ks: list[int] | None = None  # k values to report; default the suite's
+    agent: str | None = None  # a built-in agent: oracle | nop
+    base_map: list[str] | None = None  # --base-map FOREIGN=LOCAL entries (per-task image builds)
+    log: Any = None  # where build progress goes (one line each)
 
 
-def _max_cores(profile: Profile, tasks: list[Task]) -> int:
-    """The largest cpuset any task's effective envelope needs (validating each override)."""
-    return max(profile.with_override(t.envelope).cores for t in tasks)
+def _max_cores(profiles: dict[str, Profile]) -> int:
+    """The largest cpuset any task's effective envelope needs."""
+    return max(p.cores for p in profiles.values())
 
 
 def stale_image_reason(client: Any, suite: Suite) -> str | None:
@@ -108,13 +114,14 @@ def wait_for_engine(ping: Any, timeout: float, stop: threading.Event | None = No
 class Runner:
     """Executes one run. Build with :meth:`plan` or :meth:`resume`; call :meth:`execute`."""
 
-    def __init__(self, store: Store, run: RunRecord, suite: Suite, profile: Profile, tasks: list[Task], client: Any, pool: CpuPool,
+    def __init__(self, store: Store, run: RunRecord, suite: Suite, profile: Profile, prepared: Prepared, client: Any, pool: CpuPool,
                  resuming: bool = False, claimed_from: str = ""):
         self.store = store
         self.run = run
         self.suite = suite
         self.profile = profile
-        self.tasks = {t.id: t for t in tasks}
+        self.prepared = prepared
+        self.tasks = {t.id: t for t in prepared.tasks}
         self.client = client
         self.backend = DockerBackend(client, inputs_root=harness_home() / "inputs")
         self.pool = pool
@@ -159,17 +166,23 @@ class Runner:
         else:
             tasks = list(suite.tasks)
         pool = CpuPool.for_host(reserve=opts.reserve_cores)
-        # every task's envelope is validated (and must fit) before anything is written
-        concurrency = pool.concurrency(_max_cores(profile, tasks), opts.concurrency)
+        agent_cmd = agents.run_agent_cmd(opts.agent, opts.agent_cmd, suite)
+        explicit = opts.profile_obj is not None or opts.profile is not None
+        task_overrides = suite.format == "native" or not explicit
         client = client or connect()
-        image = opts.agent_image or suite.image
-        image_id, digest = image_identity(client, image)
-        if not opts.agent_image:
+        prep = prepare_tasks(client, suite, tasks, profile, task_overrides, agent_cmd, pool.size, opts.agent_image,
+                             opts.base_map, opts.log)
+        # every task's envelope is validated (and must fit) before anything is written
+        concurrency = pool.concurrency(_max_cores(prep.profiles), opts.concurrency)
+        image, digest = _run_image(client, suite, prep, opts.agent_image)
+        if not opts.agent_image and suite.image and any(t.build is None for t in prep.tasks):
             stale = stale_image_reason(client, suite)
             if stale:
                 raise RunError(stale)
-        agent_cmd = list(opts.agent_cmd or suite.agent_cmd)
-        _check_agent_command(DockerBackend(client), image, image_id, agent_cmd[0], profile)
+        if agents.builtin(agent_cmd) is None:
+            for img in sorted({prep.images[t.id] for t in prep.tasks}):
+                user = next((t.sandbox.user for t in prep.tasks if prep.images[t.id] == img and t.sandbox.user), None)
+                _check_agent_command(DockerBackend(client), img, image_identity(client, img)[0], agent_cmd[0], profile, user)
         facts = hoststats.host_facts()
         store = store or Store.open(db)
         run_id = new_run_id()
@@ -178,12 +191,14 @@ class Runner:
             suite_path=str(suite.root), image=image, image_digest=digest, agent_cmd=agent_cmd,
             profile=profile.name, profile_json=profile.model_dump(mode="json"), harness_version=harness.__version__,
             host=facts, cgroup_version=str(facts.get("cgroup_version", "")), trials=trials, ks=ks, max_reruns=max_reruns,
-            seed=opts.seed, concurrency=concurrency, task_ids=[t.id for t in tasks], sweep_id=opts.sweep_id,
+            seed=opts.seed, concurrency=concurrency, task_ids=[t.id for t in prep.tasks], sweep_id=opts.sweep_id,
             artifacts_dir=str((store.artifacts_root() / run_id).resolve()), note=opts.note,
+            images=dict(prep.digests), substitutions=dict(prep.substitutions), task_overrides=task_overrides,
+            excluded=dict(prep.excluded), adjustments=dict(prep.adjustments),
         )
         run = RunRecord(**fields)
         run = run.model_copy(update={"identity_hash": run.identity.hash()})
-        return cls(store, run, suite, profile, tasks, client, pool)
+        return cls(store, run, suite, profile, prep, client, pool)
 
     @classmethod
     def resume(cls, run_id: str, db: str | None = None, client: Any = None, concurrency: int | None = None,
@@ -211,10 +226,17 @@ class Runner:
         tasks = [by_id[t] for t in run.task_ids]
         pool = CpuPool.for_host(reserve=reserve_cores)
         client = client or connect()
-        _, digest = image_identity(client, run.image)
-        if digest != run.image_digest:
-            raise RunError(f"run {run.id}: image {run.image} changed since the run started ({digest[:19]} != {run.image_digest[:19]}); start a new run")
-        run_conc = pool.concurrency(_max_cores(profile, tasks), concurrency if concurrency is not None else run.concurrency)
+        adjust = {t: {k: v for k, v in a.items() if k in ("cores", "cpus")} for t, a in run.adjustments.items()}
+        prep = prepare_tasks(client, suite, tasks, profile, run.task_overrides, list(run.agent_cmd), pool.size,
+                             None if run.images or run.image == PER_TASK else (run.image if run.image != suite.image else None),
+                             None, None, adjustments=adjust)
+        _, digest = _run_image(client, suite, prep, None if run.image in (suite.image, PER_TASK) else run.image)
+        changed = [t for t, d in prep.digests.items() if run.images.get(t) != d]
+        if digest != run.image_digest or changed or prep.excluded:
+            what = f"image {run.image} changed ({digest[:19]} != {run.image_digest[:19]})" if digest != run.image_digest else \
+                f"the image of task(s) {', '.join(changed or list(prep.excluded))} changed or cannot be built"
+            raise RunError(f"run {run.id}: {what} since the run started; start a new run")
+        run_conc = pool.concurrency(_max_cores(prep.profiles), concurrency if concurrency is not None else run.concurrency)
         facts = hoststats.host_facts()
         now = {"harness_version": harness.__version__, "cgroup_version": str(facts.get("cgroup_version", ""))}
         differs = [f"{k} {getattr(run, k)} -> {v}" for k, v in now.items() if str(getattr(run, k)) != v]
@@ -224,7 +246,7 @@ class Runner:
                 "mix two environments in one run — start a new run"
             )
         run = run.model_copy(update={"concurrency": run_conc})
-        return cls(Store.open(db), run, suite, profile, tasks, client, pool, resuming=True, claimed_from=run.controller or "")
+        return cls(Store.open(db), run, suite, profile, prep, client, pool, resuming=True, claimed_from=run.controller or "")
 
     # -- execution -------------------------------------------------------------
     def execute(self, events: EventSink | None = None) -> Progress:
@@ -324,7 +346,8 @@ class Runner:
         st.attempts += 1
         st.budget_used += 1
         task = self.tasks[st.task_id]
-        profile = self.profile.with_override(task.envelope)
+        profile = self.prepared.profiles[task.id]
+        agent_cmd, trees = agents.for_task(list(self.run.agent_cmd), self.suite, task)
         attempt_no = st.attempts
         me = controller_id()
 
@@ -336,7 +359,9 @@ class Runner:
                 self.store.claim_attempt(self.run.id, st.task_id, st.slot, attempt_no, st.seed, me)
                 job = AttemptJob(run=self.run, suite=self.suite, task=task, profile=profile, slot=st.slot, attempt_no=attempt_no,
                                  seed=st.seed, cpuset=cpuset, concurrent=beside,
-                                 artifacts=self.artifacts / st.task_id / f"slot{st.slot}-attempt{attempt_no}")
+                                 artifacts=self.artifacts / st.task_id / f"slot{st.slot}-attempt{attempt_no}",
+                                 image=self.prepared.images[task.id], agent_cmd=agent_cmd, trees=trees,
+                                 requested=self.prepared.requested.get(task.id, {}))
                 pipeline.events.attempt_started(self.run.id, st.task_id, st.slot, attempt_no, cpuset)
                 out = pipeline.run(job)
                 return out.record, out.removed, out.retry_remove
@@ -488,15 +513,30 @@ class Runner:
         self.unsaved_path = path
 
 
-def _check_agent_command(backend: DockerBackend, image: str, image_id: str, command: str, profile: Profile) -> None:
+PER_TASK = "(per task)"  # a run's image when every task has its own
+
+
+def _run_image(client: Any, suite: Suite, prep: Prepared, agent_image: str | None) -> tuple[str, str]:
+    """(image, digest) a run records: the one image its tasks share, or PER_TASK (digests per task)."""
+    shared = sorted({prep.images[t.id] for t in prep.tasks if t.id not in prep.digests})
+    if agent_image or (len(shared) == 1 and not prep.digests):
+        img = agent_image or shared[0]
+        return img, image_identity(client, img)[1]
+    for img in shared:
+        image_identity(client, img)
+    return PER_TASK, ""
+
+
+def _check_agent_command(backend: DockerBackend, image: str, image_id: str, command: str, profile: Profile,
+                         user: str | None = None) -> None:
     """Refuse a run whose agent command is not in its image. An image never changes under
     its id, so a command found once in it is not probed again (a file per image, command
     and uid under HARNESS_HOME/checked)."""
-    key = hashlib.sha256(f"{image_id}|{command}|{profile.user}".encode()).hexdigest()[:32]
+    key = hashlib.sha256(f"{image_id}|{command}|{user or profile.user}".encode()).hexdigest()[:32]
     mark = harness_home() / "checked" / key
     if mark.exists():
         return
-    why = backend.check_command(image, command, profile)
+    why = backend.check_command(image, command, profile, user)
     if why:
         raise RunError(why)
     try:

@@ -48,6 +48,8 @@ class AttemptRecord(BaseModel):
     grade_checks: list[dict[str, Any]] = Field(default_factory=list, description="The grader's checks (name, kind, passed, detail).")
     state_diff: dict[str, Any] = Field(default_factory=dict, description="Final state vs fixture, capped (see harness.model.grade.StateDiff).")
     grade_wall_s: float | None = Field(None, description="Seconds the grader ran in the sandbox.")
+    reward: float | None = Field(None, description="The verifier's reward (verifier-graded tasks); pass = reward >= the task's threshold.")
+    rewards: dict[str, float] = Field(default_factory=dict, description="Every value of a reward.json (a flat JSON object).")
     grade_envelope: dict[str, Any] = Field(default_factory=dict, description="The grade envelope read back from the kernel.")
     exit_code: int | None = Field(None, description="The agent's exit status (None: not read).")
     terminated_cleanly: bool = Field(False, description="The agent exited 0 before its timeout.")
@@ -61,6 +63,12 @@ class AttemptRecord(BaseModel):
     container: str = Field("", description="Container name (removed after the attempt).")
     envelope: dict[str, Any] = Field(default_factory=dict, description="The profile values this attempt ran under.")
     envelope_applied: dict[str, Any] = Field(default_factory=dict, description="Limits read back from the kernel.")
+    envelope_notes: list[str] = Field(default_factory=list, description="Parts of the envelope that could not be enforced here "
+                                      "(e.g. a writable root's size on a storage driver without quotas).")
+    requested_envelope: dict[str, Any] = Field(default_factory=dict, description="What the task itself asked for (a Harbor "
+                                               "task's [environment]) when --profile replaced it.")
+    services: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-attempt services: name -> image, "
+                                                "limits read back and counters over the agent phase (their CPU is not foreign).")
     cpu_usage_us: int | None = None
     nr_periods: int | None = None
     nr_throttled: int | None = None

@@ -19,9 +19,9 @@ class Check(_M):
     """One graded condition."""
 
     name: str = Field(..., max_length=300, description="Expectation name, 'unchanged: TABLE', 'no extra effects' or 'readable final state'.")
-    kind: Literal["state", "expect", "unchanged", "extra_effects"] = Field(
-        ..., description="What it checks: 'state' (the final state could be read), an expectation, an unchanged table, "
-        "or the extra-effects diff.")
+    kind: Literal["state", "expect", "unchanged", "extra_effects", "reward", "test"] = Field(
+        ..., description="What it checks: 'state' (the final state could be read), an expectation, an unchanged table or "
+        "path, the extra-effects diff, a verifier's reward, or one test of a verifier's report.")
     passed: bool = Field(..., description="Whether the condition holds.")
     detail: str | None = Field(None, max_length=600, description="One line on what was found when it failed.")
 
@@ -83,6 +83,27 @@ class StateDiff(_M):
         return next((t for t in self.tables if t.table == name), None)
 
 
+class FileChange(_M):
+    """One path of a ``files`` state that differs from the fixture."""
+
+    path: str = Field(..., max_length=1100, description="Absolute path in the sandbox (shortened).")
+    change: Literal["added", "removed", "modified", "type", "mode"] = Field(..., description="What happened to it.")
+    detail: str | None = Field(None, max_length=300, description="Sizes, file types or modes before -> after.")
+
+
+class FilesDiff(_M):
+    """Paths final vs fixture, capped: the first 200 changes, the count complete."""
+
+    changes: list[FileChange] = Field(default_factory=list, max_length=200, description="Changed paths, sorted.")
+    total: int = Field(0, ge=0, description="How many paths differ (shown or not).")
+    truncated: bool = Field(False, description="Some changes are not shown.")
+    lines: list[str] = Field(default_factory=list, max_length=40, description="The differences in words, first 40.")
+
+    @property
+    def empty(self) -> bool:
+        return self.total == 0
+
+
 class Verdict(_M):
     """What a grader prints: graded (pass or fail, with the checks and the capped diff) or
     ungradable (the agent left a state that cannot be read within the grade envelope)."""
@@ -93,7 +114,8 @@ class Verdict(_M):
     reason: str | None = Field(None, max_length=600, description="One line: the first failing check (None when passed).")
     checks: list[Check] = Field(default_factory=list, max_length=200, description="Checks in order, first 200.")
     checks_total: int = Field(0, ge=0, description="How many checks there were.")
-    diff: StateDiff | None = Field(None, description="Final state vs fixture (None when the state was not read).")
+    diff: StateDiff | None = Field(None, description="Final state vs fixture, per table (SQL kinds; None when not read).")
+    files: FilesDiff | None = Field(None, description="Final state vs fixture, per path (the files kind).")
 
 
 class GradeResult(_M):
@@ -106,3 +128,6 @@ class GradeResult(_M):
     reason: str | None = Field(None, description="One line on the grade (the failing check, or why ungradable/broken).")
     verdict: Verdict | None = Field(None, description="The verdict as printed, when there was one.")
     wall_s: float = Field(0.0, ge=0, description="Seconds the grader ran.")
+    reward: float | None = Field(None, description="A verifier's reward.")
+    rewards: dict[str, float] = Field(default_factory=dict, description="Every value of a reward.json.")
+    checks: list[Check] = Field(default_factory=list, max_length=200, description="Checks of a verifier (reward, report tests).")

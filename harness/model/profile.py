@@ -99,6 +99,8 @@ class EnvelopeOverride(_Strict):
     timeouts: dict[Literal["setup", "agent", "grade"], float] | None = Field(
         None, description="Per-phase timeouts in seconds."
     )
+    network: Literal["none", "bridge"] | None = Field(None, description="Network of the sandbox ('bridge' = egress allowed).")
+    storage: ByteSize | None = Field(None, description="Writable root filesystem size (tasks with a writable root).")
 
 
 class Profile(_Strict):
@@ -111,7 +113,12 @@ class Profile(_Strict):
     cpu_period_us: int = Field(100_000, ge=1000, le=1_000_000, description="CFS period in microseconds.")
     memory: ByteSize = Field(1024 * MiB, description="Memory ceiling in bytes (TOML accepts '512m', '1g'). Swap equals it: no swap escape.")
     pids: int = Field(256, ge=8, le=1_000_000, description="pids limit (processes + threads).")
-    network: Literal["none", "bridge"] = Field("none", description="Docker network; 'none' means no egress.")
+    network: Literal["none", "bridge"] = Field("none", description="Docker network; 'none' means no egress (per-attempt "
+                                               "services are reachable on a private network either way).")
+    storage: ByteSize | None = Field(
+        None, description="Size of a writable root filesystem (tasks that have one, e.g. Harbor's). Enforced where the "
+        "engine's storage driver has quotas (overlay2 on xfs with pquota); elsewhere recorded as requested and "
+        "reported `not enforced` with every attempt.")
     user: str = Field("10001:10001", pattern=r"^\d+:\d+$", description="uid:gid the workload runs as (never root).")
     tmpfs: dict[str, ByteSize] = Field(
         default_factory=lambda: {"/work": 256 * MiB, "/tmp": 64 * MiB},
@@ -166,7 +173,7 @@ class Profile(_Strict):
             return self
         data = self.model_dump()
         f = self.override_scale
-        for key in ("cpus", "cores", "memory", "pids"):
+        for key in ("cpus", "cores", "memory", "pids", "network", "storage"):
             val = getattr(override, key)
             if val is not None:
                 data[key] = val

@@ -43,6 +43,21 @@ def dict_diff(a: dict | None, b: dict | None, limit: int = 8) -> str:
     return "; ".join(parts)
 
 
+def _subs(s: dict[str, str]) -> str:
+    return ", ".join(f"{k} -> {v}" for k, v in sorted(s.items())) or "none"
+
+
+def _profile_norm(profile_json: dict[str, Any]) -> dict[str, Any]:
+    """A stored profile with the defaults of fields added since it was stored filled in, so a
+    profile stored by an older harness equals the same profile stored now."""
+    from harness.model.profile import Profile
+
+    try:
+        return Profile.model_validate(profile_json).model_dump(mode="json")
+    except ValueError:
+        return dict(profile_json or {})
+
+
 class RunIdentity(_M):
     """Everything that makes two runs comparable."""
 
@@ -56,13 +71,21 @@ class RunIdentity(_M):
     harness_version: str = Field(..., description="Harness version.")
     cgroup_version: str = Field("", description="cgroup version of the host (1, 2, 1 (hybrid) ...).")
     host: dict[str, Any] = Field(default_factory=dict, description="Host facts: kernel, CPU model, cores, memory.")
+    images: dict[str, str] = Field(default_factory=dict, description="Task id -> image digest, for tasks with their own image.")
+    substitutions: dict[str, str] = Field(
+        default_factory=dict, description="Foreign base image -> the local image it was built FROM instead (offline builds).")
+    task_overrides: bool = Field(True, description="Tasks' own envelopes (overrides, Harbor [environment]) were applied.")
+    adjustments: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Task id -> how its own envelope was fitted to this machine (cores, cpus, note).")
 
     def hash(self) -> str:
         """16 hex digits over what must be equal for scores to be comparable (host facts aside)."""
-        key = json.dumps(
-            [self.suite_hash, self.image_digest, self.profile_json, self.harness_version, self.cgroup_version, self.agent_cmd],
-            sort_keys=True,
-        )
+        parts: list[Any] = [self.suite_hash, self.image_digest, _profile_norm(self.profile_json), self.harness_version,
+                            self.cgroup_version, self.agent_cmd]
+        if self.images or self.substitutions or not self.task_overrides or self.adjustments:
+            parts += [self.images, self.substitutions, self.task_overrides,
+                      {t: {k: v for k, v in a.items() if k != "note"} for t, a in self.adjustments.items()}]
+        key = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def differences(self, other: "RunIdentity") -> tuple[list[str], list[str]]:
@@ -74,8 +97,21 @@ class RunIdentity(_M):
             blocking.append(f"suite differs: A {a.suite!r} vs B {b.suite!r}")
         if a.suite_hash != b.suite_hash:
             blocking.append(f"suite_hash differs: A {a.suite_hash} vs B {b.suite_hash} (tasks, fixtures or expectations changed)")
-        if a.profile_json != b.profile_json:
-            blocking.append(f"profile differs: A {a.profile!r} vs B {b.profile!r} ({dict_diff(a.profile_json, b.profile_json)})")
+        pa, pb = _profile_norm(a.profile_json), _profile_norm(b.profile_json)
+        if pa != pb:
+            blocking.append(f"profile differs: A {a.profile!r} vs B {b.profile!r} ({dict_diff(pa, pb)})")
+        if a.substitutions != b.substitutions:
+            blocking.append(f"base images differ: A {_subs(a.substitutions)} vs B {_subs(b.substitutions)} (a score from a "
+                            "substituted base is not the same eval as one from the original)")
+        if a.task_overrides != b.task_overrides:
+            blocking.append(f"task envelopes: A {'applied' if a.task_overrides else 'replaced by --profile'} vs "
+                            f"B {'applied' if b.task_overrides else 'replaced by --profile'}")
+        adj_a = {t: {k: v for k, v in x.items() if k != "note"} for t, x in a.adjustments.items()}
+        adj_b = {t: {k: v for k, v in x.items() if k != "note"} for t, x in b.adjustments.items()}
+        if adj_a != adj_b:
+            blocking.append(f"task envelopes fitted to the machine differ: A {adj_a or 'none'} vs B {adj_b or 'none'}")
+        if a.images != b.images:
+            warns.append(f"task images differ: {dict_diff(a.images, b.images, limit=4)}")
         if a.image_digest != b.image_digest:
             warns.append(f"image digest differs: A {a.image} {a.image_digest or '–'} vs B {b.image} {b.image_digest or '–'}")
         if a.agent_cmd != b.agent_cmd:
@@ -117,6 +153,11 @@ class RunRecord(_M):
     sweep_id: str | None = None
     artifacts_dir: str = ""
     note: str = ""
+    images: dict[str, str] = Field(default_factory=dict, description="Task id -> image digest (tasks with their own image).")
+    substitutions: dict[str, str] = Field(default_factory=dict, description="Foreign base image -> local image it was built FROM.")
+    task_overrides: bool = Field(True, description="Tasks' own envelopes were applied (False: --profile replaced them).")
+    adjustments: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Task id -> its envelope fitted to this machine.")
+    excluded: dict[str, str] = Field(default_factory=dict, description="Task id -> why it could not run here (not scored).")
     controller: str = Field("", description="host:pid-namespace:pid of the process running it.")
     heartbeat_at: dt.datetime | None = Field(None, description="Last sign of life of that controller (UTC).")
 
@@ -126,4 +167,6 @@ class RunRecord(_M):
             suite=self.suite, suite_hash=self.suite_hash, image=self.image, image_digest=self.image_digest,
             agent_cmd=list(self.agent_cmd or []), profile=self.profile, profile_json=dict(self.profile_json or {}),
             harness_version=self.harness_version, cgroup_version=self.cgroup_version, host=dict(self.host or {}),
+            images=dict(self.images or {}), substitutions=dict(self.substitutions or {}), task_overrides=self.task_overrides,
+            adjustments=dict(self.adjustments or {}),
         )

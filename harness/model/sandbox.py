@@ -3,6 +3,7 @@ and the record of ``harness sandbox exec`` (one command as one attempt)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
@@ -14,6 +15,28 @@ INPUT_DIR = "/harness/in"  # read-only for the whole attempt: prompt and the sta
 GRADE_DIR = "/harness/grade"  # read-only, empty until every agent process is gone; then the grader's files
 WORKDIR = "/work"  # the agent's writable work directory
 TRANSCRIPT_FILE = "transcript.jsonl"  # the agent's optional transcript, under WORKDIR
+TESTS_DIR = "/tests"  # a verifier's tests, copied in only once the agent is gone (Harbor's path)
+SOLUTION_DIR = "/solution"  # the reference solution, present only for `--agent oracle`
+AGENT_DIR = "/harness/agent"  # a suite's agent directory (read-only), when it has one
+LOGS_DIR = "/logs"  # Harbor's agent / verifier / artifacts folders
+
+Tree = dict[str, tuple[bytes, int]]  # relative path -> (bytes, permission bits)
+
+
+@dataclass(frozen=True)
+class ExportFile:
+    """A file (or with ``tree``, a directory kept as ``NAME.tar``) copied out of a sandbox:
+    ``name`` is what it is kept as, ``path`` where it is (default: the work directory's
+    ``name``), ``cap`` the bytes kept; over the cap, the first ``cap`` bytes (``keep_head``)
+    or nothing."""
+
+    name: str
+    cap: int
+    keep_head: bool = False
+    path: str | None = None
+    tree: bool = False
+
+
 
 
 class ExecResult(BaseModel):

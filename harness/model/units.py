@@ -79,21 +79,53 @@ def _classes(annotation: Any) -> list[Any]:
     return out
 
 
-def format_validation_error(source: str, err: ValidationError, model: Any = None) -> str:
+# discriminated unions put their tag in an error's location: state.<kind>.x, grader.<kind>.x, expect.0.<sql|file>.x
+_UNION_TAGS = {"state": {"sqlite", "files", "postgres", "container"}, "grader": {"expectations", "verifier"}}
+_EXPECT_TAGS = {"sql", "file"}
+# the short form of a task: these keys were written at the top level
+SHORT_FORM = {"grader.expect": "expect", "grader.allow": "allow", "grader.unchanged": "unchanged",
+              "state.fixture_sql": "fixture_sql", "state.fixture": "fixture"}
+
+
+def clean_loc(loc: tuple, short: set[str] | None = None) -> tuple:
+    """An error location as the user wrote the key: union tags dropped, short-form keys restored."""
+    out: list[Any] = []
+    for i, part in enumerate(loc):
+        prev = loc[i - 1] if i else None
+        if isinstance(part, str) and prev in _UNION_TAGS and part in _UNION_TAGS[prev]:
+            continue
+        if isinstance(part, str) and part in _EXPECT_TAGS and isinstance(prev, int) and i >= 2 and loc[i - 2] in ("expect",):
+            continue
+        out.append(part)
+    if short and len(out) >= 2:
+        key = f"{out[0]}.{out[1]}"
+        if key in SHORT_FORM and SHORT_FORM[key] in short:
+            out = [SHORT_FORM[key], *out[2:]]
+    return tuple(out)
+
+
+def format_validation_error(source: str, err: ValidationError, model: Any = None, short: set[str] | None = None) -> str:
     """One line per problem: ``file: key: message``; an unknown key gets a "did you mean"
-    when ``model`` has a field close to it."""
+    when ``model`` has a field close to it. ``short``: top-level keys of a task's short form."""
     lines = []
     for e in err.errors():
+        e = {**e, "loc": clean_loc(tuple(e["loc"]), short)}
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
             owner = _owner(model, tuple(e["loc"])) if model is not None else None
-            if owner is not None:
-                close = difflib.get_close_matches(str(e["loc"][-1]), list(owner.model_fields), n=1)
+            top = list(model.model_fields) + list(getattr(model, "short_keys", ())) if model is not None else []
+            key = str(e["loc"][-1])
+            if len(e["loc"]) >= 3 and isinstance(e["loc"][-2], int) and key in top:
+                msg += (f" (in TOML, keys written after a [[{e['loc'][-3]}]] table belong to it: move {key!r} above the "
+                        f"first [[{e['loc'][-3]}]])")
+            elif owner is not None:
+                names = list(owner.model_fields) + list(getattr(owner, "short_keys", ()))
+                close = difflib.get_close_matches(key, names, n=1)
                 if close:
                     msg += f" (did you mean {close[0]!r}?)"
-        lines.append(f"{source}: {loc}: {msg}")
+        lines.append(f"{source}: {msg}" if not e["loc"] and re.match(r"^[\w.]+: ", msg) else f"{source}: {loc}: {msg}")
     return "\n".join(lines)
 
 

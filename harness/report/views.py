@@ -499,8 +499,15 @@ def diff_summary(state_diff: dict | None) -> list[dict[str, Any]]:
 
 
 def diff_lines(state_diff: dict | None, limit: int = 12) -> list[str]:
-    """Human phrases for the state diff (the grader's wording), at most ``limit``."""
+    """Human phrases for the state diff (the grader's wording), at most ``limit``; for a
+    ``files`` state, one per changed path."""
     sd = state_diff or {}
+    if isinstance(sd.get("files"), dict):
+        fd = sd["files"]
+        lines = [str(x) for x in fd.get("lines") or []]
+        total = max(int(fd.get("total") or 0), len(lines))
+        shown = lines[:limit]
+        return shown + ([f"… {total - len(shown)} more path(s)"] if total > len(shown) else [])
     lines = [str(x) for x in sd.get("lines") or []]
     if not lines:  # a record from an older harness: counts only
         return [f"{d['table']}: {d['status']} +{d['added']} -{d['removed']} ~{d['changed']}" for d in diff_summary(state_diff)][:limit]

@@ -11,16 +11,28 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from harness.model.counters import CgroupLimits, CgroupSnapshot, CounterDelta, HostDelta, Sample
 from harness.model.profile import Profile
-from harness.model.sandbox import EnvelopeCheck, ExecResult
+from harness.model.sandbox import EnvelopeCheck, ExecResult, ExportFile, Tree
+
+
+
+# The capabilities a root workload gets in a writable-root sandbox (a Harbor task run as
+# root): enough to own and change its files. Never KILL, SETUID/SETGID or SYS_PTRACE: those
+# would let it reach the sandbox's keeper (another uid) and outlive the kill before grading.
+ROOT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "NET_BIND_SERVICE")
 
 
 @dataclass(frozen=True)
 class SandboxSpec:
-    """What one sandbox is: image, envelope, cores, labels, and where its inputs live."""
+    """What one sandbox is: image, envelope, cores, labels, and where its inputs live.
+
+    By default a *workload sandbox*: a sleeping keeper holds the container and every workload
+    runs with ``exec`` as ``user``. With ``command`` it is a *service*: the container runs that
+    command (or the image's own with ``command=[]``) as the image's user, and stays up until
+    removed."""
 
     image: str
     profile: Profile
@@ -29,6 +41,18 @@ class SandboxSpec:
     inputs: dict[str, bytes] = field(default_factory=dict)  # plain names -> bytes, read-only at /harness/in
     with_grade_dir: bool = False  # an empty, read-only /harness/grade the controller fills later
     inputs_root: Path | None = None  # host folder for the per-sandbox input folders
+    user: str | None = None  # workload user (a name or uid[:gid]); default: the profile's
+    writable_root: bool = False  # a writable root filesystem (its size is the profile's `storage`)
+    tmpfs: dict[str, int] = field(default_factory=dict)  # extra size-capped tmpfs paths owned by the workload user
+    late_dirs: tuple[str, ...] = ()  # read-only mounts that stay empty until put_tree() fills them (e.g. /tests)
+    trees: dict[str, Tree] = field(default_factory=dict)  # container path -> files, read-only from the start
+    network: str | None = None  # the attempt's private network (services); None: no network unless `egress`
+    aliases: tuple[str, ...] = ()  # names on that network (a service's host name)
+    egress: bool = False  # also join the engine's default bridge (the profile's network = 'bridge')
+    env: dict[str, str] = field(default_factory=dict)  # container environment (services)
+    workdir: str | None = None  # default working directory of execs
+    caps: tuple[str, ...] = ()  # capabilities added to an otherwise empty set
+    command: list[str] | None = None  # a service's command ([] = the image's own); None: a workload sandbox
 
 
 @dataclass
@@ -40,6 +64,7 @@ class Measured:
     host: HostDelta | None
     samples: list[Sample]
     monitor_errors: int = 0
+    services: dict[str, CounterDelta | None] = field(default_factory=dict)  # services on the same cores, same instants
 
 
 @dataclass(frozen=True)
@@ -70,18 +95,25 @@ class Sandbox(ABC):
     ``remove`` is idempotent and reports whether the sandbox is really gone."""
 
     name: str
+    spec: SandboxSpec
     envelope: EnvelopeCheck | None
+
+    @property
+    def notes(self) -> list[str]:
+        """Parts of the envelope not enforced here (recorded with the attempt)."""
+        return []
 
     @abstractmethod
     def start(self) -> None: ...
 
     @abstractmethod
     def exec(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None, workdir: str | None = None,
-             cap: int | None = None) -> ExecResult: ...
+             cap: int | None = None, user: str | None = None) -> ExecResult: ...
 
     @abstractmethod
     def measured_exec(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None,
-                      workdir: str | None = None) -> Measured: ...
+                      workdir: str | None = None, also: list["Sandbox"] | None = None) -> Measured:
+        """``exec`` under the monitor; ``also``: services on the same cores, read at the same instants."""
 
     @abstractmethod
     def snapshot(self) -> CgroupSnapshot | None:
@@ -108,13 +140,41 @@ class Sandbox(ABC):
         """Write files into the sandbox's read-only /harness/grade (only once the agent is gone)."""
 
     @abstractmethod
-    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float, dest: Path, then: Command | None = None) -> Exported:
-        """Copy plain regular files out of the work directory into ``dest``: (name, cap,
-        keep_head) each; with ``then``, run that command first (the grader), in the same exec."""
+    def put_tree(self, dest: str, files: Tree) -> None:
+        """Place files under ``dest``: a late directory of the spec (read-only mount, filled
+        now), or, in a writable-root sandbox, copied in (``dest`` replaced)."""
+
+    @abstractmethod
+    def put_archive(self, dest: str, tar_path: Path) -> None:
+        """Unpack a tar (made by :meth:`export`) under ``dest`` in a writable-root sandbox."""
+
+    @abstractmethod
+    def export(self, files: Iterable[ExportFile], timeout: float, dest: Path, then: Command | None = None,
+               reset: list[str] | None = None, env: dict[str, str] | None = None, cwd: str | None = None,
+               user: str | None = None, kill_after: bool = False) -> Exported:
+        """Copy files out into ``dest`` (see :class:`ExportFile`): plain regular files only, never
+        through a link; with ``then``, run that command first (the grader): ``reset``
+        directories emptied, then the command as ``user`` in ``cwd`` with ``env``, and with
+        ``kill_after`` whatever it left running killed before anything is read."""
+
+    @abstractmethod
+    def healthy(self, cmd: list[str] | None, timeout: float, stop: "Any" = None) -> str | None:
+        """Wait until a service runs and ``cmd`` exits 0 in it; None, or why it never did."""
 
     @abstractmethod
     def remove(self) -> bool:
         """Remove the sandbox; True when it is gone (False: removal failed, retry later)."""
+
+
+class Network(ABC):
+    """An attempt's private network: its services and its sandbox reach each other by name,
+    nothing else."""
+
+    name: str
+
+    @abstractmethod
+    def remove(self) -> bool:
+        """Remove it (its members must be gone); True when it is."""
 
 
 class SandboxBackend(ABC):
@@ -122,6 +182,10 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     def sandbox(self, spec: SandboxSpec) -> Sandbox: ...
+
+    @abstractmethod
+    def network(self, labels: dict[str, str]) -> "Network":
+        """A fresh private network (no egress) for one attempt and its services."""
 
     @abstractmethod
     def sweep_dead_owners(self) -> list[str]:
@@ -145,7 +209,7 @@ class SandboxBackend(ABC):
         """Does the engine answer?"""
 
     @abstractmethod
-    def check_command(self, image: str, command: str, profile: Profile) -> str | None:
+    def check_command(self, image: str, command: str, profile: Profile, user: str | None = None) -> str | None:
         """Why ``command`` cannot be started in ``image`` as the profile's user (not an
         executable file on its PATH), or None. Decided by the harness before a run, never
         from what a workload prints."""

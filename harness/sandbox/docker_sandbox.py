@@ -1,21 +1,24 @@
-"""The Docker sandbox backend: one fresh container per attempt, under a fixed envelope.
+"""The Docker sandbox: one fresh container per attempt (and per service), under a fixed envelope.
 
-The container is kept alive by a sleeping init (``docker-init`` running ``sleep infinity``
-as an unprivileged keeper uid); every workload runs with ``exec`` so the controller can read
-the container's cgroup counters *before* the container stops (its cgroup vanishes with it),
-kill a whole process tree on timeout while keeping the container, grade the final state
-inside it, and stream files out before removal.
+A *workload sandbox* is kept alive by a sleeping init (``docker-init`` running ``sleep
+infinity`` as an unprivileged keeper uid); every workload runs with ``exec`` so the
+controller can read the container's cgroup counters *before* the container stops (its
+cgroup vanishes with it), kill a whole process tree on timeout while keeping the container,
+grade the final state inside it, and copy files out before removal. A *service* runs its own
+command and stays up until the attempt removes it.
 
 Files go in through read-only bind mounts of fresh host folders: ``/harness/in`` (the
-agent's inputs) and ``/harness/grade`` (empty until every agent process is gone; then the
-grader's files). Files come out as a tar stream written by a small program run with
-``exec`` (Docker's archive API refuses a read-only root fs), per file size-capped. The
-sandbox never gets a host path it can write, nor the Docker socket.
+agent's inputs), ``/harness/grade`` and other late directories (empty until every agent
+process is gone), input trees (``/solution``, an agent directory). A writable-root sandbox
+(a Harbor task) gets copies instead where the task expects writable files (``/tests``).
+Files come out as described in ``harness.sandbox.finish``. The sandbox never gets a host
+path it can write, nor the Docker socket.
 """
 
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import os
 import shutil
@@ -25,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterable
 
 import docker
@@ -40,23 +43,13 @@ from harness.model.counters import CgroupLimits, CgroupSnapshot, CounterDelta, H
 from harness.model.errors import EngineError, SandboxError
 from harness.model.sandbox import GRADE_DIR, INPUT_DIR, WORKDIR, EnvelopeCheck, ExecResult
 from harness.model.units import format_size
-from harness.sandbox.base import Command, Exported, Measured, Sandbox, SandboxBackend, SandboxSpec
-from harness.sandbox.owners import (
-    LABEL,
-    LABEL_HOST,
-    LABEL_OWNER,
-    LABEL_RUN,
-    LiveRegistry,
-    controller_host,
-    input_folder,
-    pid_alive,
-    sweep_input_folders,
-)
-
-EXPORT_MANIFEST = ".harness-export.json"
+from harness.sandbox.base import Command, Exported, ExportFile, Measured, Sandbox, SandboxSpec, Tree
+from harness.sandbox.finish import FINISH, check_names, finish_spec, read_archive, read_finish_stream, stream_limit
+from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LiveRegistry, controller_host, input_folder
 
 LIVE = LiveRegistry()  # the sandboxes this process holds
 PENDING = LiveRegistry()  # containers whose removal failed; retried by retry_removals()
+ROOT = "0:0"
 
 
 def keeper_user(workload_user: str) -> str:
@@ -64,7 +57,7 @@ def keeper_user(workload_user: str) -> str:
     workload's, so the workload can neither signal them (kill -1 would stop the container
     under the controller) nor ptrace them (a hijacked keeper is spared by kill_tree and
     could rewrite the state while it is exported)."""
-    uid = 65534 if workload_user.split(":")[0] != "65534" else 65533
+    uid = 65534 if workload_user.split(":")[0] not in ("65534", "nobody") else 65533
     return f"{uid}:{uid}"
 
 
@@ -97,6 +90,43 @@ def _is_running(pid: int) -> bool:
         return False
 
 
+def _write_tree(root: Path, files: Tree) -> None:
+    """Write trusted files (the suite's) into a host folder of ours."""
+    for rel, (data, mode) in files.items():
+        parts = PurePosixPath(rel).parts
+        if not parts or any(p in ("..", "") for p in parts) or PurePosixPath(rel).is_absolute():
+            raise SandboxError(f"file name {rel!r} must be a relative path inside its directory")
+        fp = root.joinpath(*parts)
+        fp.parent.mkdir(parents=True, exist_ok=True)
+        for d in [fp.parent, *fp.parent.parents]:
+            if d == root or root not in d.parents:
+                break
+            os.chmod(d, 0o755)
+        fp.write_bytes(data)
+        fp.chmod(0o555 if mode & 0o111 else 0o444)
+
+
+def tree_tar(files: Tree, top: str) -> bytes:
+    """A tar of ``files`` under the directory ``top`` (for the engine's put-archive)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo(top)
+        ti.type, ti.mode = tarfile.DIRTYPE, 0o755
+        tf.addfile(ti)
+        dirs = {top}
+        for rel, (data, mode) in sorted(files.items()):
+            parts = PurePosixPath(rel).parts
+            for i in range(1, len(parts)):
+                d = "/".join((top, *parts[:i]))
+                if d not in dirs:
+                    dti = tarfile.TarInfo(d)
+                    dti.type, dti.mode = tarfile.DIRTYPE, 0o755
+                    tf.addfile(dti)
+                    dirs.add(d)
+            ti = tarfile.TarInfo("/".join((top, *parts)))
+            ti.size, ti.mode = len(data), 0o755 if mode & 0o111 else 0o644
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
 class _Pump:
     """Collects one exec's demuxed output in a reader thread, each stream capped.
 
@@ -144,121 +174,6 @@ class _Pump:
             return bytes(self.bufs["out"]), bytes(self.bufs["err"]), dict(self.counts), self.error
 
 
-# The finish program, run in the sandbox as the workload's user once the agent is gone:
-# optionally a command first (the grader: its own session, its own wall clock, its output
-# in files), then a tar of plain regular files of the work directory, each cut at its cap,
-# then a manifest. One exec for both, so grading costs no extra round trip.
-_FINISH = r"""
-import io, json, os, runpy, select, signal, stat, subprocess, sys, tarfile, time
-spec = json.loads(sys.argv[1])
-out = tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT)
-man = {}
-
-def member(name, f, size):
-    ti = tarfile.TarInfo(name)
-    ti.size = size
-    ti.mode = 0o644
-    out.addfile(ti, f)
-
-def run(cmd, timeout, cap):
-    # (exit status, timed out, stdout, stderr, bytes written to each): output through pipes,
-    # the first cap + 1 bytes of each kept, the rest drained; the child is killed with its
-    # whole session at the timeout. Nothing is written to disk (the agent may have filled it).
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    if cmd[:3] == ["python3", "-I", "-S"] and len(cmd) > 3 and cmd[3].endswith(".py"):
-        # a python program under the same flags as this one: fork and run it, instead of
-        # paying for a second interpreter start
-        pid = os.fork()
-        if pid == 0:
-            os.setsid()
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            for fd in (out_r, err_r, out_w, err_w):
-                os.close(fd)
-            sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb"), write_through=True)
-            sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb"), write_through=True)
-            sys.argv = cmd[3:]
-            code = 0
-            try:
-                runpy.run_path(cmd[3], run_name="__main__")
-            except SystemExit as x:
-                code = x.code if isinstance(x.code, int) else (0 if x.code is None else 1)
-            except BaseException:
-                import traceback
-                traceback.print_exc()
-                code = 70
-            try:
-                sys.stdout.flush()
-            finally:
-                os._exit(code)
-    else:
-        pid = subprocess.Popen(cmd, stdout=out_w, stderr=err_w, stdin=subprocess.DEVNULL, cwd="/tmp", start_new_session=True).pid
-    os.close(out_w)
-    os.close(err_w)
-    pidfd = os.pidfd_open(pid)
-    bufs, counts, open_fds = {out_r: bytearray(), err_r: bytearray()}, {out_r: 0, err_r: 0}, {out_r, err_r}
-    deadline, timed_out, exited = time.monotonic() + timeout, False, False
-    while open_fds or not exited:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            timed_out = True
-            os.killpg(pid, signal.SIGKILL)
-            break
-        ready, _, _ = select.select(list(open_fds) + ([] if exited else [pidfd]), [], [], left)
-        for fd in ready:
-            if fd == pidfd:
-                exited = True
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                open_fds.discard(fd)
-                continue
-            counts[fd] += len(chunk)
-            room = cap + 1 - len(bufs[fd])
-            if room > 0:
-                bufs[fd] += chunk[:room]
-    rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    for fd in (out_r, err_r, pidfd):
-        os.close(fd)
-    return rc, timed_out, bytes(bufs[out_r]), bytes(bufs[err_r]), counts[out_r], counts[err_r]
-
-cmd = spec.get("cmd")
-if cmd:
-    t0 = time.monotonic()
-    rc, to, o, e, no, ne = run(cmd, spec["timeout"], spec["cap"])
-    man[".command"] = {"exit_code": 128 - rc if rc < 0 else rc, "timed_out": to, "wall_s": round(time.monotonic() - t0, 4),
-                       "out_bytes": no, "err_bytes": ne}
-    member(".harness-cmd-out", io.BytesIO(o), len(o))
-    member(".harness-cmd-err", io.BytesIO(e), len(e))
-for name, cap, keep in spec["files"]:
-    p = os.path.join(spec["workdir"], name)
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        continue
-    except OSError as e:
-        man[name] = {"refused": "cannot stat: " + (e.strerror or str(e))}
-        continue
-    if not stat.S_ISREG(st.st_mode):
-        man[name] = {"refused": "not a regular file"}
-        continue
-    if st.st_size > cap and not keep:
-        man[name] = {"refused": "over the cap", "size": st.st_size}
-        continue
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        man[name] = {"refused": "cannot open: " + (e.strerror or str(e))}
-        continue
-    with os.fdopen(fd, "rb") as f:
-        member(name, f, min(st.st_size, cap))
-    man[name] = {"size": st.st_size, "kept": min(st.st_size, cap)}
-data = json.dumps(man).encode()
-member(".harness-export.json", io.BytesIO(data), len(data))
-out.close()
-"""
-
 
 class DockerSandbox(Sandbox):
     """One container under one envelope (see the module docstring)."""
@@ -269,6 +184,8 @@ class DockerSandbox(Sandbox):
         self.profile = spec.profile
         self.cpuset = list(spec.cpuset)
         self.image = spec.image
+        self.user = spec.user or spec.profile.user
+        self.service = spec.command is not None
         self.name = f"harness-{uuid.uuid4().hex[:12]}"
         self.container: Any = None
         self.pid: int | None = None
@@ -276,6 +193,7 @@ class DockerSandbox(Sandbox):
         self.envelope: EnvelopeCheck | None = None
         self._reader: cgroup.SnapshotReader | None = None
         self._folder: Path | None = None
+        self._late: dict[str, Path] = {}
         self._keep_pids: set[int] = set()
         self._removed = False
         # start and remove exclude each other: a removal asked for while the container is
@@ -292,29 +210,37 @@ class DockerSandbox(Sandbox):
     # -- lifecycle -------------------------------------------------------------
     def _mounts(self) -> dict[str, dict[str, str]]:
         spec = self.spec
-        if not spec.inputs and not spec.with_grade_dir:
+        bind_trees = {} if spec.writable_root else spec.trees
+        if not spec.inputs and not spec.with_grade_dir and not spec.late_dirs and not bind_trees:
             return {}
         root = spec.inputs_root or Path(os.environ.get("HARNESS_HOME", ".harness")) / "inputs"
         try:
             self._folder = input_folder(root.resolve(), self.name)
         except OSError as e:
             raise SandboxError(f"cannot make the input folder under {root}: {e}; set HARNESS_HOME to a folder you own") from None
-        volumes = {}
-        indir = self._folder / "in"
-        indir.mkdir(mode=0o755)
-        os.chmod(indir, 0o755)
+        volumes: dict[str, dict[str, str]] = {}
+
+        def folder(sub: str, at: str) -> Path:
+            d = self._folder / sub
+            d.mkdir(mode=0o755)
+            os.chmod(d, 0o755)
+            volumes[str(d)] = {"bind": at, "mode": "ro"}
+            return d
+
+        indir = folder("in", INPUT_DIR)
         for fname, data in spec.inputs.items():
             if "/" in fname or fname.startswith(".") or not fname:
                 raise SandboxError(f"input name {fname!r} must be a plain file name")
             fp = indir / fname
             fp.write_bytes(data)
             fp.chmod(0o444)
-        volumes[str(indir)] = {"bind": INPUT_DIR, "mode": "ro"}
-        if spec.with_grade_dir:
-            gdir = self._folder / "grade"
-            gdir.mkdir(mode=0o755)
-            os.chmod(gdir, 0o755)
-            volumes[str(gdir)] = {"bind": GRADE_DIR, "mode": "ro"}
+        late = list(spec.late_dirs) + ([GRADE_DIR] if spec.with_grade_dir else [])
+        if spec.writable_root:
+            late = [d for d in late if d == GRADE_DIR]  # the others are copied in (put_tree)
+        for i, at in enumerate(dict.fromkeys(late)):
+            self._late[at] = folder(f"late{i}", at)
+        for i, (at, files) in enumerate(bind_trees.items()):
+            _write_tree(folder(f"tree{i}", at), files)
         return volumes
 
     def start(self) -> None:
@@ -324,6 +250,38 @@ class DockerSandbox(Sandbox):
                 raise SandboxError(f"sandbox {self.name} was removed before it started")
             self._start()
 
+    def _run_kwargs(self, volumes: dict[str, dict[str, str]]) -> dict[str, Any]:
+        p, spec = self.profile, self.spec
+        uid, _, gid = self.user.partition(":")
+        owner = f"uid={uid},gid={gid or uid}," if uid.isdigit() else ""
+        tmpfs = {}
+        paths = {} if spec.writable_root else dict(p.tmpfs)
+        paths.update(spec.tmpfs)
+        for path, size in paths.items():
+            opts = f"size={size},mode=1777" if path == "/tmp" else f"size={size},{owner}mode=0755"
+            tmpfs[path] = opts + ",nosuid,nodev"
+        labels = {LABEL: "1", LABEL_OWNER: str(os.getpid()), LABEL_HOST: controller_host(), **spec.labels}
+        kw: dict[str, Any] = dict(
+            name=self.name, detach=True, init=True, cpu_period=p.cpu_period_us, cpu_quota=p.quota_us,
+            cpuset_cpus=",".join(str(c) for c in self.cpuset), mem_limit=p.memory, memswap_limit=p.memory,
+            pids_limit=p.pids, read_only=not spec.writable_root, tmpfs=tmpfs, cap_drop=["ALL"], cap_add=list(spec.caps) or None,
+            security_opt=["no-new-privileges"], labels=labels, volumes=volumes, ipc_mode="private",
+            stop_signal="SIGKILL", environment=dict(spec.env) or None,
+        )
+        if self.service:
+            kw.update(command=spec.command or None, user=spec.user, log_config={"type": "json-file", "config": {"max-size": "1m"}})
+        else:
+            # the workload's directory is private to its uid; execs set it
+            kw.update(command=["sleep", "infinity"], user=keeper_user(self.user), working_dir="/", log_config={"type": "none"})
+        if spec.writable_root and p.storage:
+            kw["storage_opt"] = {"size": str(p.storage)}
+        if spec.network:
+            kw.update(network=spec.network, networking_config={
+                spec.network: self.client.api.create_endpoint_config(aliases=list(spec.aliases) or None)})
+        else:
+            kw["network_mode"] = "bridge" if spec.egress else "none"
+        return kw
+
     def _start(self) -> None:
         p = self.profile
         LIVE.add(self.name, self)
@@ -332,38 +290,20 @@ class DockerSandbox(Sandbox):
         except BaseException:
             self.remove()
             raise
-        uid, gid = p.user.split(":")
-        tmpfs = {}
-        for path, size in p.tmpfs.items():
-            opts = f"size={size},mode=1777" if path == "/tmp" else f"size={size},uid={uid},gid={gid},mode=0700"
-            tmpfs[path] = opts + ",nosuid,nodev"
-        labels = {LABEL: "1", LABEL_OWNER: str(os.getpid()), LABEL_HOST: controller_host(), **self.spec.labels}
+        self.storage_note: str | None = None
+        kw = self._run_kwargs(volumes)
         try:
-            self.container = self.client.containers.run(
-                self.image,
-                command=["sleep", "infinity"],
-                name=self.name,
-                detach=True,
-                init=True,
-                user=keeper_user(p.user),
-                working_dir="/",  # the workload's directory is private to its uid; execs set it
-                cpu_period=p.cpu_period_us,
-                cpu_quota=p.quota_us,
-                cpuset_cpus=",".join(str(c) for c in self.cpuset),
-                mem_limit=p.memory,
-                memswap_limit=p.memory,
-                pids_limit=p.pids,
-                read_only=True,
-                tmpfs=tmpfs,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                network_mode=p.network,
-                labels=labels,
-                volumes=volumes,
-                ipc_mode="private",
-                stop_signal="SIGKILL",
-                log_config={"type": "none"},
-            )
+            try:
+                self.container = self.client.containers.run(self.image, **kw)
+            except docker.errors.APIError as e:
+                if "storage_opt" not in kw or "storage" not in str(e).lower() and "quota" not in str(e).lower():
+                    raise
+                kw.pop("storage_opt")  # the storage driver has no quotas: recorded, not enforced
+                self.storage_note = (f"storage {format_size(p.storage)} not enforced: the engine's storage driver has no "
+                                     f"per-container quota ({str(e.explanation or e)[:120]})")
+                self.container = self.client.containers.run(self.image, **kw)
+            if self.spec.network and self.spec.egress:
+                self.client.networks.get("bridge").connect(self.container)
             self.container.reload()
             self.pid = int(self.container.attrs["State"]["Pid"])
         except docker.errors.ImageNotFound:
@@ -374,7 +314,7 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"engine refused to start a container from {self.image}: {str(e)[:300]}") from None
         if not self.pid:
             self.remove()
-            raise SandboxError(f"container {self.name} did not start (State.Pid is 0)")
+            raise SandboxError(f"container {self.name} did not start (State.Pid is 0): {self.logs_tail()}")
         try:
             self.paths = cgroup.locate(self.pid)
             self._reader = cgroup.SnapshotReader(self.paths)
@@ -383,7 +323,26 @@ class DockerSandbox(Sandbox):
             applied = None
         self.envelope = check_envelope(p, self.cpuset, applied)
         # the init and its sleeping child survive kill_tree(); everything else is the workload
-        self._keep_pids = {self.pid, *self._children(self.pid)}
+        self._keep_pids = {self.pid, *self._children(self.pid)} if not self.service else set()
+        if self.spec.writable_root:
+            for at, files in self.spec.trees.items():
+                self.put_tree(at, files)
+
+    @property
+    def notes(self) -> list[str]:
+        """Parts of the envelope not enforced here (recorded with the attempt)."""
+        note = getattr(self, "storage_note", None)
+        if note is None and self.spec.writable_root and self.profile.storage is None:
+            note = "writable root without a size limit (the profile sets no `storage`)"
+        return [note] if note else []
+
+    def logs_tail(self, lines: int = 5) -> str:
+        """The last lines a service printed (its log is kept, capped at 1 MiB)."""
+        try:
+            raw = self.container.logs(tail=lines).decode("utf-8", errors="replace") if self.container is not None else ""
+        except (docker.errors.DockerException, requests.RequestException):
+            return ""
+        return " | ".join(x.strip() for x in raw.strip().splitlines() if x.strip())[-600:]
 
     def remove(self) -> bool:
         """Kill and remove the container (idempotent) and its input folder. A removal the
@@ -450,15 +409,40 @@ class DockerSandbox(Sandbox):
         except (OSError, cgroup.CgroupError):
             return None
 
+    # -- files in --------------------------------------------------------------
     def put_grade_files(self, files: dict[str, bytes]) -> None:
-        if self._folder is None or not (self._folder / "grade").is_dir():
-            raise SandboxError(f"sandbox {self.name} was started without a grade folder")
-        for fname, data in files.items():
+        for fname in files:
             if "/" in fname or fname.startswith(".") or not fname:
                 raise SandboxError(f"grade file name {fname!r} must be a plain file name")
-            fp = self._folder / "grade" / fname
-            fp.write_bytes(data)
-            fp.chmod(0o444)
+        self.put_tree(GRADE_DIR, {k: (v, 0o444) for k, v in files.items()})
+
+    def put_tree(self, dest: str, files: Tree) -> None:
+        if dest in self._late:
+            _write_tree(self._late[dest], files)
+            return
+        if not self.spec.writable_root:
+            raise SandboxError(f"sandbox {self.name} has no late directory {dest} (declare it when the sandbox is made)")
+        reset = self.exec(["sh", "-c", 'rm -rf -- "$1" && mkdir -p -- "$1"', "sh", dest], timeout=60, user=ROOT)
+        if reset.exit_code != 0:
+            raise SandboxError(f"cannot make {dest} in {self.name}: {(reset.stderr or reset.stdout).strip()[-200:]}")
+        parent, top = os.path.split(dest.rstrip("/"))
+        self._put(parent or "/", tree_tar(files, top))
+
+    def put_archive(self, dest: str, tar_path: Path) -> None:
+        if not self.spec.writable_root:
+            raise SandboxError(f"sandbox {self.name} has a read-only root; files reach it through its mounts")
+        mk = self.exec(["mkdir", "-p", "--", dest], timeout=60, user=ROOT)
+        if mk.exit_code != 0:
+            raise SandboxError(f"cannot make {dest} in {self.name}: {(mk.stderr or mk.stdout).strip()[-200:]}")
+        with open(tar_path, "rb") as f:
+            self._put(dest, f)
+
+    def _put(self, dest: str, data: Any) -> None:
+        try:
+            if not self.container.put_archive(dest, data):
+                raise SandboxError(f"the engine refused to copy files into {dest} of {self.name}")
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            raise SandboxError(f"copying files into {dest} of {self.name} failed: {str(e)[:200]}") from None
 
     # -- processes -------------------------------------------------------------
     def _procs(self) -> list[int]:
@@ -485,7 +469,7 @@ class DockerSandbox(Sandbox):
         """SIGKILL every process of the workload (all but the init and its sleep), including
         orphans that left the exec's process group. The cgroup is frozen first, so a fork
         bomb cannot outrun the kill. Returns how many processes were signalled."""
-        if self.paths is None:
+        if self.paths is None or self.service:
             return 0
         if not [p for p in self._procs() if p not in self._keep_pids]:
             return 0  # nothing left: no need to freeze
@@ -525,19 +509,47 @@ class DockerSandbox(Sandbox):
             time.sleep(0.02)
         return killed
 
+    def healthy(self, cmd: list[str] | None, timeout: float, stop: Any = None) -> str | None:
+        """Poll a service: it must keep running, and ``cmd`` (when given) must exit 0 in it."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            if stop is not None and stop.is_set():
+                return "the controller was stopped while the service started"
+            if not self.alive():
+                code = None
+                try:
+                    self.container.reload()
+                    code = self.container.attrs.get("State", {}).get("ExitCode")
+                except Exception:
+                    pass
+                return f"exited{f' (code {code})' if code is not None else ''} before it was healthy: {self.logs_tail() or 'no output'}"
+            if cmd is None:
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"not healthy after {timeout:g} s (health check: {last or 'no output'})"
+            res = self.exec(cmd, timeout=min(10.0, max(1.0, left)), cap=4096, user=self.spec.user or "")
+            if res.exit_code == 0:
+                return None
+            last = ((res.stderr or res.stdout).strip().splitlines() or [f"exit {res.exit_code}"])[-1][:200]
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
     # -- exec ------------------------------------------------------------------
     def exec(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None, workdir: str | None = None,
-             cap: int | None = None, on_stdout: Any = None) -> ExecResult:
+             cap: int | None = None, user: str | None = None, on_stdout: Any = None) -> ExecResult:
         """Run ``cmd`` in the container with a wall-clock timeout. On timeout, or when the
         command exits but leaves processes holding its output open, the whole workload
         process tree is killed. Output beyond ``cap`` bytes per stream is counted and dropped.
-        ``on_stdout`` receives raw stdout bytes instead of the capped buffer (for exports)."""
+        ``on_stdout`` receives raw stdout bytes instead of the capped buffer (for exports).
+        ``user`` '' runs as the image's user (services)."""
         cap = self.profile.output_cap if cap is None else cap
-        workdir = workdir or (WORKDIR if WORKDIR in self.profile.tmpfs else "/tmp")
+        workdir = workdir or self.spec.workdir or (WORKDIR if WORKDIR in self.profile.tmpfs and not self.spec.writable_root else "/tmp")
+        user = self.user if user is None else user
         api = self.client.api
         t0 = time.monotonic()
         try:
-            ex = api.exec_create(self.container.id, cmd, environment=env or {}, workdir=workdir, user=self.profile.user)
+            ex = api.exec_create(self.container.id, cmd, environment=env or {}, workdir=workdir, user=user)
             stream = api.exec_start(ex["Id"], stream=True, demux=True)
         except (docker.errors.DockerException, requests.RequestException) as e:
             return ExecResult(cmd=cmd, exit_code=None, wall_s=time.monotonic() - t0, stderr=f"engine error: {str(e)[:300]}")
@@ -553,7 +565,7 @@ class DockerSandbox(Sandbox):
                 break
             if now >= deadline:
                 timed_out = True
-                self.kill_tree()
+                self._kill_exec(ex["Id"])
                 pump.thread.join(timeout=5)
                 break
             if now >= next_poll:
@@ -565,7 +577,7 @@ class DockerSandbox(Sandbox):
                     break
                 if exited_at and now - exited_at > 0.5:
                     # the command exited; orphans still hold its stdout open
-                    self.kill_tree()
+                    self._kill_exec(ex["Id"])
                     pump.thread.join(timeout=5)
                     break
         wall = (exited_at or time.monotonic()) - t0
@@ -597,11 +609,41 @@ class DockerSandbox(Sandbox):
             stdout_truncated=out_tr, stderr_truncated=err_tr,
         )
 
-    def measured_exec(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None, workdir: str | None = None) -> Measured:
+    def _kill_exec(self, exec_id: str) -> None:
+        """Stop a timed-out exec: in a workload sandbox the whole workload tree; in a service
+        only that exec's process tree (the service itself keeps running)."""
+        if not self.service:
+            self.kill_tree()
+            return
+        try:
+            pid = self.client.api.exec_inspect(exec_id).get("Pid")
+        except (docker.errors.DockerException, requests.RequestException):
+            return
+        if pid:
+            for p in [pid, *self._descendants(pid)]:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def _descendants(self, pid: int) -> list[int]:
+        out, todo = [], [pid]
+        while todo:
+            kids = self._children(todo.pop())
+            out += kids
+            todo += kids
+        return out
+
+    def measured_exec(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None, workdir: str | None = None,
+                      also: list["DockerSandbox"] | None = None) -> Measured:
         """``exec`` under the monitor: cgroup and host readings right before and right after
-        the command (before anything else touches the container), and the saturation log."""
+        the command (before anything else touches the container), and the saturation log.
+        ``also``: services on the same cores, read at the same instants; their CPU is
+        accounted to them (``Measured.services``), never as foreign."""
+        also = also or []
         t0 = time.monotonic()
         host0 = hoststats.read_host_snapshot(t0)
+        svc0 = [s.snapshot() for s in also]
         cg0 = self.snapshot()
         mon = None
         if cg0 is not None and self._reader is not None:
@@ -613,28 +655,30 @@ class DockerSandbox(Sandbox):
             if mon:
                 mon.stop()
         cg1 = self.snapshot()
+        svc1 = [s.snapshot() for s in also]
         host1 = hoststats.read_host_snapshot(time.monotonic())
         counters = host = None
+        services: dict[str, CounterDelta | None] = {}
+        for s, a, b in zip(also, svc0, svc1):
+            services[s.name] = CounterDelta.between(a, b, None) if a is not None and b is not None else None
         if cg0 is not None and cg1 is not None:
             counters = CounterDelta.between(cg0, cg1, mon.pids_peak if mon else None)
-            host = HostDelta.between(host0, host1, self.cpuset, counters.cpu_usage_us, mon.mem_available_min if mon else None)
+            own = counters.cpu_usage_us + sum(d.cpu_usage_us for d in services.values() if d is not None)
+            host = HostDelta.between(host0, host1, self.cpuset, own, mon.mem_available_min if mon else None)
         return Measured(result=res, counters=counters, host=host, samples=mon.samples if mon else [],
-                        monitor_errors=mon.errors if mon else 0)
+                        monitor_errors=mon.errors if mon else 0, services=services)
 
     # -- files out -------------------------------------------------------------
-    def export(self, files: Iterable[tuple[str, int, bool]], timeout: float, dest: Path, then: Command | None = None) -> Exported:
-        """Copy plain regular files out of the work directory into ``dest``, as a tar stream
-        written in the sandbox (never the archive API), spooled to disk and copied member by
-        member (the controller never holds a file in memory). Symlinks, devices, FIFOs and
-        directories are refused; a file over its cap is cut (``keep_head``) or not kept, and
-        either is reported. With ``then``, that command runs first, in the same exec (see
-        :class:`Command`)."""
-        spec = [(n, int(c), bool(k)) for n, c, k in files]
-        for n, _, _ in spec:
-            if "/" in n or n.startswith(".") or not n:
-                raise ValueError(f"export name {n!r} must be a plain file name")
-        cmd_cap = then.cap if then else 0
-        limit = sum(c for _, c, _ in spec) + 2 * cmd_cap + 1024 * 1024  # members, headers and the manifest
+    def export(self, files: Iterable[ExportFile], timeout: float, dest: Path, then: Command | None = None,
+               reset: list[str] | None = None, env: dict[str, str] | None = None, cwd: str | None = None,
+               user: str | None = None, kill_after: bool = False) -> Exported:
+        """Copy files out into ``dest`` (``harness.sandbox.finish``). With ``then``, that command
+        runs first: ``reset`` directories emptied, then the command as ``user`` in ``cwd``
+        with ``env``; ``kill_after`` kills whatever it left running before anything is read."""
+        spec = check_names(files)
+        if self.spec.writable_root:
+            return self._export_archive(spec, timeout, dest, then, reset, env, cwd, user, kill_after)
+        limit = stream_limit(spec, then)
         sink = tempfile.SpooledTemporaryFile(max_size=1024 * 1024, prefix="harness-export-")
         over = [False]
 
@@ -645,89 +689,49 @@ class DockerSandbox(Sandbox):
             sink.write(chunk)
 
         workdir = WORKDIR if WORKDIR in self.profile.tmpfs else "/tmp"
-        prog = {"files": spec, "workdir": workdir}
-        if then is not None:
-            prog.update(cmd=then.cmd, timeout=then.timeout, cap=then.cap)
-        res = self.exec(["python3", "-I", "-S", "-c", _FINISH, json.dumps(prog)], timeout=timeout + (then.timeout if then else 0),
-                        cap=64 * 1024, on_stdout=collect)
+        prog = finish_spec(spec, workdir, then, reset, env, cwd or self.spec.workdir, kill_after)
+        res = self.exec(["python3", "-I", "-S", "-c", FINISH, json.dumps(prog)], timeout=timeout + (then.timeout if then else 0),
+                        cap=64 * 1024, on_stdout=collect, user=user)
         problems: list[str] = []
         if res.timed_out:
             problems.append(f"export timed out after {timeout:.0f}s")
         if over[0]:
             problems.append(f"export stream larger than {format_size(limit)}; cut off")
-        caps = {n: c for n, c, _ in spec}
-        kept: dict[str, int] = {}
-        cmd_out: dict[str, bytes] = {}
-        manifest: dict[str, Any] = {}
-        complete = False
-        sink.seek(0)
         try:
-            with tarfile.open(fileobj=sink, mode="r|") as tf:
-                for m in tf:
-                    if not m.isreg():
-                        problems.append(f"refused {m.name!r}: not a regular file")
-                        continue
-                    if m.name == EXPORT_MANIFEST and m.size <= 64 * 1024:
-                        f = tf.extractfile(m)
-                        manifest = json.loads(f.read()) if f else {}
-                        complete = True
-                        continue
-                    if m.name in (".harness-cmd-out", ".harness-cmd-err") and then is not None and m.size <= cmd_cap + 1:
-                        f = tf.extractfile(m)
-                        cmd_out[m.name[-3:]] = f.read() if f else b""
-                        continue
-                    if m.name not in caps:
-                        problems.append(f"refused unexpected member {m.name!r}")
-                        continue
-                    if m.size > caps[m.name]:
-                        problems.append(f"refused {m.name!r}: {format_size(m.size)} over the cap")
-                        continue
-                    f = tf.extractfile(m)
-                    try:
-                        with open(dest / m.name, "wb") as out:
-                            if f is not None:
-                                shutil.copyfileobj(f, out, 1024 * 1024)
-                        kept[m.name] = m.size
-                    except OSError as e:
-                        problems.append(f"could not keep {m.name!r}: {e.strerror or e}")
-        except (tarfile.TarError, ValueError) as e:
-            problems.append(f"malformed export stream ({e}; exit {res.exit_code}: {res.stderr.strip()[-200:]})")
+            return read_finish_stream(sink, spec, dest, then, res, problems)
         finally:
             sink.close()
-        manifest = manifest if isinstance(manifest, dict) else {}
-        truncated = []
-        for name, info in manifest.items():
-            if not isinstance(info, dict) or name not in caps:
+
+    def _export_archive(self, spec: list[ExportFile], timeout: float, dest: Path, then: Command | None, reset: list[str] | None,
+                        env: dict[str, str] | None, cwd: str | None, user: str | None, kill_after: bool) -> Exported:
+        """A writable-root sandbox: nothing in it is trusted to copy files; the engine does."""
+        problems: list[str] = []
+        command = None
+        if then is not None:
+            for p in reset or []:
+                r = self.exec(["sh", "-c", 'rm -rf -- "$1"; mkdir -p -- "$1" && chmod 0777 -- "$1"', "sh", p], timeout=60, user=ROOT)
+                if r.exit_code != 0:
+                    problems.append(f"could not empty {p}: {(r.stderr or r.stdout).strip()[-200:]}")
+            command = self.exec(then.cmd, timeout=then.timeout, env=env, workdir=cwd, cap=then.cap, user=user)
+            if kill_after:
+                self.kill_tree()
+        kept: dict[str, int] = {}
+        truncated: list[str] = []
+        deadline = time.monotonic() + timeout
+        for f in spec:
+            if time.monotonic() > deadline:
+                problems.append(f"export timed out after {timeout:.0f}s")
+                break
+            path = f.path or f"{self.spec.workdir or WORKDIR}/{f.name}"
+            try:
+                chunks, _stat = self.container.get_archive(path)
+            except docker.errors.NotFound:
                 continue
-            if "refused" in info:
-                size = f" ({format_size(info['size'])})" if isinstance(info.get("size"), int) else ""
-                problems.append(f"refused {name!r}: {info['refused']}{size}"[:300])
-            elif isinstance(info.get("size"), int) and isinstance(info.get("kept"), int) and info["kept"] < info["size"]:
-                truncated.append(name)
-                problems.append(f"kept the first {format_size(info['kept'])} of {name!r} ({format_size(info['size'])})")
-        command = _command_result(then, manifest.get(".command"), cmd_out, res) if then is not None else None
-        if res.exit_code not in (0, None) and not res.timed_out and not problems and command is None:
-            problems.append(f"export failed (exit {res.exit_code}): {res.stderr.strip()[-200:]}")
-        return Exported(files=kept, problems=problems, truncated=truncated, command=command, complete=complete)
-
-
-def _command_result(then: Command, info: Any, out: dict[str, bytes], res: ExecResult) -> ExecResult:
-    """The ``then`` command's result as the finish program reported it; when the program
-    itself did not get that far (killed), what the exec says."""
-    if not isinstance(info, dict) or not isinstance(info.get("exit_code"), int):
-        return ExecResult(cmd=then.cmd, exit_code=res.exit_code if not res.timed_out else None, timed_out=res.timed_out,
-                          wall_s=res.wall_s, stderr=res.stderr)
-
-    def text(key: str) -> tuple[str, bool]:
-        b = out.get(key, b"")
-        return b[: then.cap].decode("utf-8", errors="replace"), len(b) > then.cap
-
-    o, o_tr = text("out")
-    e, e_tr = text("err")
-    return ExecResult(cmd=then.cmd, exit_code=info["exit_code"], timed_out=bool(info.get("timed_out")),
-                      wall_s=max(0.0, float(info.get("wall_s") or 0.0)), stdout=o, stderr=e,
-                      stdout_bytes=int(info.get("out_bytes") or 0), stderr_bytes=int(info.get("err_bytes") or 0),
-                      stdout_truncated=o_tr, stderr_truncated=e_tr)
+            except (docker.errors.DockerException, requests.RequestException) as e:
+                problems.append(f"could not copy {path}: {str(e)[:200]}")
+                continue
+            read_archive(chunks, f, dest, problems, kept, truncated, f.cap + (64 * 1024 * 1024 if f.tree else 1024 * 1024))
+        return Exported(files=kept, problems=problems, truncated=truncated, command=command, complete=True)
 
 
 def remove_all_live() -> int:
@@ -753,117 +757,3 @@ def _remove_live_at_exit() -> None:
 
 
 atexit.register(_remove_live_at_exit)
-
-
-class DockerBackend(SandboxBackend):
-    """Sandboxes as Docker containers on the engine ``client`` talks to."""
-
-    def __init__(self, client: docker.DockerClient, inputs_root: Path | None = None):
-        self.client = client
-        self.inputs_root = inputs_root
-
-    def sandbox(self, spec: SandboxSpec) -> DockerSandbox:
-        if spec.inputs_root is None and self.inputs_root is not None:
-            spec = SandboxSpec(**{**spec.__dict__, "inputs_root": self.inputs_root})
-        return DockerSandbox(self.client, spec)
-
-    def sweep_dead_owners(self) -> list[str]:
-        removed = sweep_containers(self.client, only_dead_owners=True)
-        if self.inputs_root is not None:
-            removed += sweep_input_folders(self.inputs_root.resolve())
-        return removed
-
-    def sweep_run(self, run_id: str, held_too: bool = False) -> list[str]:
-        if held_too:
-            try:
-                return sweep_containers(self.client, run_id=run_id)
-            except Exception:  # the engine is down: the start-up sweep of the next run removes them
-                return []
-        return sweep_unowned(self.client, run_id)
-
-    def remove_held(self) -> int:
-        return remove_all_live()
-
-    def retry_removals(self) -> list[str]:
-        return retry_removals()
-
-    def ping(self) -> bool:
-        try:
-            self.client.ping()
-            return True
-        except Exception:
-            return False
-
-    def check_command(self, image: str, command: str, profile: Any) -> str | None:
-        probe = 'p=$(command -v -- "$1") && [ -f "$p" ] && [ -x "$p" ]'
-        c = None
-        try:
-            c = self.client.containers.run(
-                image, ["sh", "-c", probe, "sh", command], detach=True, user=profile.user, working_dir="/",
-                network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                mem_limit=profile.memory, pids_limit=64, log_config={"type": "none"},
-                labels={LABEL: "1", LABEL_OWNER: str(os.getpid()), LABEL_HOST: controller_host()},
-            )
-            if c.wait(timeout=60).get("StatusCode") == 0:
-                return None
-            return (f"the agent command {command!r} is not an executable file on the PATH of image {image} "
-                    f"(as uid {profile.user}); check --agent-cmd or agent_cmd in suite.toml")
-        except docker.errors.ImageNotFound:
-            return f"image {image} not found; build it with `make images` (or `harness images build`)"
-        except (docker.errors.DockerException, requests.RequestException) as e:
-            raise EngineError(f"the engine could not start a container from {image} to check the agent command: {str(e)[:200]}") from None
-        finally:
-            if c is not None:
-                try:
-                    c.remove(force=True)
-                except (docker.errors.DockerException, requests.RequestException):
-                    pass  # labelled: the next start-up sweep removes it
-
-
-def sweep_containers(client: docker.DockerClient, run_id: str | None = None, only_dead_owners: bool = False) -> list[str]:
-    """Remove containers the harness left behind (by label). With ``only_dead_owners``, keep
-    those whose owning controller process is still alive (or cannot be judged from here)."""
-    filters = {"label": [f"{LABEL}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
-    removed = []
-    here = controller_host()
-    for c in client.containers.list(all=True, filters=filters):
-        if only_dead_owners:
-            owner = c.labels.get(LABEL_OWNER, "")
-            host = c.labels.get(LABEL_HOST)
-            if host is not None and host != here and not _legacy_host(host, here):
-                continue  # another host or pid namespace: its pids mean nothing here
-            if owner.isdigit() and pid_alive(int(owner)):
-                continue
-        try:
-            c.remove(force=True)
-            removed.append(c.name)
-        except docker.errors.NotFound:
-            pass
-    return removed
-
-
-def _legacy_host(label: str, here: str) -> bool:
-    """Labels written by an older harness carried 'host:pid:[inode]' for the namespace."""
-    host, _, ns = label.partition(":")
-    return ns.startswith("pid:[") and f"{host}:{ns[5:-1]}" == here
-
-
-def sweep_unowned(client: docker.DockerClient, run_id: str) -> list[str]:
-    """Remove this run's containers that no sandbox of this process holds any more (a
-    removal that failed while the engine was restarting). Live sandboxes are left alone."""
-    removed = []
-    try:
-        found = client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"{LABEL_RUN}={run_id}"]})
-    except Exception:
-        return removed
-    live = LIVE.names()
-    for c in found:
-        if c.name in live:
-            continue
-        try:
-            c.remove(force=True)
-            removed.append(c.name)
-            PENDING.discard(c.name)
-        except Exception:
-            pass
-    return removed

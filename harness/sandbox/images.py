@@ -12,24 +12,31 @@ build is skipped when the present image already has the hash of the current inpu
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
+import json
 import os
-import tarfile
 import shutil
+import ssl
 import subprocess
+import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import docker
 import docker.errors
+import requests
 
 from harness.model.errors import ImageBuildError, RunError
+from harness.model.sandbox import Tree
+from harness.sandbox.basemap import BASE_IMAGE, DEBIAN_IMAGE, PYTHON_IMAGE, BaseMap
+from harness.sandbox.dockerfile import DockerfileError, Translation, normalize_ref, translate
 
-BASE_IMAGE = "harness/base:bookworm"
+POSTGRES_IMAGE = "harness/postgres:15"
 SANDBOX_IMAGE = "harness/sandbox:latest"
 INPUTS_LABEL = "dev.harness.inputs"
 SUITE_LABEL = "dev.harness.suite"  # on a suite's image: which suite it was built from
@@ -90,6 +97,14 @@ def image_labels(client: docker.DockerClient, image: str) -> dict[str, str] | No
         return None
 
 
+def image_config(client: docker.DockerClient, image: str) -> dict:
+    """The image's run configuration (User, WorkingDir, Env, ...); {} when absent."""
+    try:
+        return client.images.get(image).attrs.get("Config") or {}
+    except docker.errors.ImageNotFound:
+        return {}
+
+
 def image_id(client: docker.DockerClient, image: str) -> str | None:
     try:
         return client.images.get(image).id
@@ -114,14 +129,6 @@ def apt_sources_digest() -> str:
         if p.is_file():
             h.update(p.read_bytes())
     return h.hexdigest()[:12]
-
-
-@dataclass
-class BuildResult:
-    tag: str
-    built: bool
-    inputs: str
-    seconds: float = 0.0
 
 
 def build_base(client: docker.DockerClient, tag: str = BASE_IMAGE, force: bool = False, log: Callable[[str], None] = print) -> BuildResult:
@@ -163,6 +170,142 @@ def build_base(client: docker.DockerClient, tag: str = BASE_IMAGE, force: bool =
     return BuildResult(tag, True, inputs, time.monotonic() - t0)
 
 
+def host_ca_bundle() -> bytes | None:
+    """The host's CA bundle (what its own pip and apt trust), passed into builds; None if none."""
+    candidates = [os.environ.get("SSL_CERT_FILE"), os.environ.get("REQUESTS_CA_BUNDLE"), ssl.get_default_verify_paths().cafile,
+                  "/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"]
+    for c in candidates:
+        if c and Path(c).is_file():
+            try:
+                return Path(c).read_bytes()
+            except OSError:
+                continue
+    return None
+
+
+def read_tree(root: Path, files: list[str] | None = None) -> Tree:
+    """Files of a directory (all of them by default): relative path -> (bytes, permission bits)."""
+    rels = files if files is not None else context_files(root)
+    return {rel: ((root / rel).read_bytes(), (root / rel).stat().st_mode & 0o777) for rel in rels}
+
+
+def dockerignore(files: Tree) -> Tree:
+    """The build context as the docker CLI would send it: ``.dockerignore`` patterns applied
+    (``!`` re-includes; a pattern matches a path or any directory above it)."""
+    raw = files.get(".dockerignore")
+    if raw is None:
+        return dict(files)
+    rules = []
+    for line in raw[0].decode("utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        neg = line.startswith("!")
+        pat = line[1:].strip() if neg else line
+        pat = pat.strip("/").removeprefix("./")
+        rules.append((neg, pat))
+
+    def excluded(rel: str) -> bool:
+        parts = rel.split("/")
+        out = False
+        for neg, pat in rules:
+            if any(fnmatch.fnmatchcase("/".join(parts[:i]), pat) or fnmatch.fnmatchcase("/".join(parts[:i]), pat + "/**")
+                   for i in range(1, len(parts) + 1)) or ("**" in pat and fnmatch.fnmatchcase(rel, pat.replace("**/", "*"))):
+                out = not neg
+        return out
+
+    keep = {rel: v for rel, v in files.items() if not excluded(rel)}
+    for must in ("Dockerfile",):  # the CLI always sends the Dockerfile
+        if must in files:
+            keep[must] = files[must]
+    return keep
+
+
+def _tar(files: Tree) -> io.BytesIO:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for rel, (data, mode) in sorted(files.items()):
+            ti = tarfile.TarInfo(rel)
+            ti.size, ti.mode = len(data), mode or 0o644
+            tf.addfile(ti, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+BUILD_DOCKERFILE = ".harness.Dockerfile"  # the translated Dockerfile, beside the context files
+
+
+@dataclass
+class BuildResult:
+    tag: str
+    built: bool
+    inputs: str
+    seconds: float = 0.0
+    substitutions: dict[str, str] = field(default_factory=dict)  # reference as written -> local image@id
+    notes: list[str] = field(default_factory=list)
+
+
+def build_image(
+    client: docker.DockerClient,
+    tag: str,
+    files: Tree,
+    dockerfile: str = "Dockerfile",
+    basemap: BaseMap | None = None,
+    buildargs: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    force: bool = False,
+    timeout: float = 1800.0,
+    log_dir: Path | None = None,
+    ensure_base: Callable[[str], None] | None = None,
+) -> BuildResult:
+    """Build ``tag`` from a Dockerfile and its context (``files``), offline: foreign bases mapped
+    to local ones, the host's CA bundle passed in, BuildKit-only syntax rewritten
+    (``harness.sandbox.dockerfile``). Skipped when the present image was built from the same
+    inputs (context, translated Dockerfile, base image ids). A failure raises
+    :class:`ImageBuildError` with the log's tail; the whole log is kept in ``log_dir``."""
+    if dockerfile not in files:
+        raise ImageBuildError(f"building {tag}: no {dockerfile} in its build context")
+    try:
+        context, tr, ids, inputs = prepare_build(client, files, dockerfile, basemap, buildargs, ensure_base)
+    except DockerfileError as e:
+        raise ImageBuildError(f"building {tag}: {dockerfile}: {e}") from None
+    subs = {ref: f"{local}@{ids.get(local, local)[:19]}" for ref, local in tr.bases.items() if normalize_ref(ref) != local and ref != local}
+    if not force and image_inputs(client, tag) == inputs:
+        return BuildResult(tag, False, inputs, substitutions=subs, notes=tr.notes)
+    t0 = time.monotonic()
+    log: list[str] = []
+    error = None
+    try:
+        stream = client.api.build(fileobj=_tar(context), custom_context=True, dockerfile=BUILD_DOCKERFILE, tag=tag,
+                                  buildargs=buildargs or None, labels={INPUTS_LABEL: inputs, **(labels or {})}, rm=True,
+                                  forcerm=True, pull=False, decode=True)
+        for chunk in stream:
+            if "stream" in chunk:
+                log += [x for x in str(chunk["stream"]).splitlines() if x.strip()]
+            if "error" in chunk:
+                error = str(chunk.get("error")).strip()
+                log.append(error)
+            if time.monotonic() - t0 > timeout:
+                error = f"the build took longer than {timeout:.0f} s"
+                stream.close()
+                break
+    except docker.errors.APIError as e:
+        error = str(e.explanation or e)
+    except requests.RequestException as e:
+        error = f"the engine stopped answering during the build ({type(e).__name__})"
+    if log_dir is not None:
+        try:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            (log_dir / (tag.replace("/", "_").replace(":", "_") + ".log")).write_text("\n".join(log) + "\n")
+        except OSError:
+            pass
+    if error is not None:
+        tail = "\n".join("    " + x[:300] for x in log[-12:])
+        where = f" (whole log: {log_dir / (tag.replace('/', '_').replace(':', '_') + '.log')})" if log_dir else ""
+        raise ImageBuildError(f"building {tag} failed: {error[:300]}{where}\n{tail}")
+    return BuildResult(tag, True, inputs, time.monotonic() - t0, subs, tr.notes)
+
+
 def build_dockerfile(
     client: docker.DockerClient,
     tag: str,
@@ -173,37 +316,81 @@ def build_dockerfile(
     labels: dict[str, str] | None = None,
     files: list[str] | None = None,
 ) -> BuildResult:
-    """Build ``tag`` from a Dockerfile with ``--build-arg BASE=base``, skipping when the
-    inputs (the context files, Dockerfile, base image id) are unchanged. With ``files``, the
-    build context is exactly those files (the ones the inputs hash covers)."""
-    inputs = dockerfile_inputs(client, context, dockerfile, base, files)
-    if not force and image_inputs(client, tag) == inputs:
-        return BuildResult(tag, False, inputs)
-    t0 = time.monotonic()
-    ctx: dict = {"path": str(context)} if files is None else {"fileobj": _context_tar(context, files), "custom_context": True}
+    """Build ``tag`` from a Dockerfile of the harness or of a native suite with
+    ``--build-arg BASE=base`` (``files``: exactly the context files that are its inputs)."""
+    tree = read_tree(context, files)
+    if dockerfile not in tree:
+        tree[dockerfile] = ((context / dockerfile).read_bytes(), 0o644)
+    return build_image(client, tag, tree, dockerfile, buildargs={"BASE": base}, labels=labels, force=force,
+                       log_dir=_build_logs(), ensure_base=lambda local: ensure_local_base(client, local))
+
+
+def prepare_build(client: docker.DockerClient, files: Tree, dockerfile: str, basemap: BaseMap | None = None,
+                  buildargs: dict[str, str] | None = None, ensure_base: Callable[[str], None] | None = None,
+                  ) -> tuple[Tree, Translation, dict[str, str], str]:
+    """(build context, translation, local base -> image id, inputs hash) of a build; no build.
+    Raises :class:`DockerfileError` for a Dockerfile that cannot be built here."""
+    bmap = basemap or BaseMap()
+    ids: dict[str, str] = {}
+
+    def resolve(ref: str) -> str:
+        local = bmap.resolve(ref, lambda r: image_id(client, r) is not None)
+        if image_id(client, local) is None and ensure_base is not None:
+            ensure_base(local)
+        ids[local] = image_id(client, local) or local
+        return local
+
     try:
-        client.images.build(
-            **ctx,
-            dockerfile=dockerfile,
-            tag=tag,
-            buildargs={"BASE": base},
-            labels={INPUTS_LABEL: inputs, **(labels or {})},
-            rm=True,
-            forcerm=True,
-            pull=False,
-        )
-    except docker.errors.BuildError as e:
-        tail = "".join(str(x.get("stream", x.get("error", ""))) for x in list(e.build_log)[-10:])
-        raise ImageBuildError(f"building {tag} from {context / dockerfile} failed: {e.msg}\n{tail}") from None
-    except docker.errors.APIError as e:
-        raise ImageBuildError(f"building {tag} failed: {e.explanation or e}") from None
-    return BuildResult(tag, True, inputs, time.monotonic() - t0)
+        text = files[dockerfile][0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise DockerfileError("not UTF-8 text") from None
+    tr = translate(text, resolve, host_ca_bundle(), args=buildargs)
+    context = dockerignore(files)
+    context.update({name: (data, 0o644) for name, data in tr.files.items()})
+    context[BUILD_DOCKERFILE] = (tr.text.encode(), 0o644)
+    h = hashlib.sha256(b"harness-build-v2\0")
+    for rel, (data, mode) in sorted(context.items()):
+        h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest() + (b"x" if mode & 0o111 else b""))
+    h.update(json.dumps([sorted(ids.items()), sorted((buildargs or {}).items())]).encode())
+    return context, tr, ids, h.hexdigest()[:16]
 
 
 def dockerfile_inputs(client: docker.DockerClient, context: Path, dockerfile: str, base: str, files: list[str] | None = None) -> str:
-    """The inputs hash an image built from this Dockerfile carries in its label."""
-    base_id = image_id(client, base) or base  # a registry base: the tag is the input
-    return hash_tree(context, extra=f"{dockerfile}|{base}|{base_id}", files=files)
+    """The inputs hash an image built from this Dockerfile carries in its label (no build)."""
+    tree = read_tree(context, files)
+    if dockerfile not in tree:
+        tree[dockerfile] = ((context / dockerfile).read_bytes(), 0o644)
+    try:
+        return prepare_build(client, tree, dockerfile, buildargs={"BASE": base})[3]
+    except DockerfileError:
+        return ""
+
+
+def _build_logs() -> Path:
+    return Path(os.environ.get("HARNESS_HOME", ".harness")) / "builds"
+
+
+# the harness's own images: tag -> (Dockerfile in docker/, its other context files, the image it is built FROM)
+HARNESS_IMAGES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    SANDBOX_IMAGE: ("sandbox.Dockerfile", (), BASE_IMAGE),
+    DEBIAN_IMAGE: ("debian.Dockerfile", (), BASE_IMAGE),
+    PYTHON_IMAGE: ("python.Dockerfile", (), DEBIAN_IMAGE),
+    POSTGRES_IMAGE: ("postgres.Dockerfile", ("pg-start.sh",), BASE_IMAGE),
+}
+
+
+def ensure_local_base(client: docker.DockerClient, tag: str, force: bool = False, log: Callable[[str], None] | None = None) -> BuildResult | None:
+    """Build one of the harness's own images (and what it is built FROM) when it is missing."""
+    if tag == BASE_IMAGE:
+        return build_base(client, force=force, log=log or (lambda _m: None))
+    if tag not in HARNESS_IMAGES:
+        return None
+    dockerfile, extra, parent = HARNESS_IMAGES[tag]
+    if image_id(client, parent) is None or parent != BASE_IMAGE:
+        ensure_local_base(client, parent, False, log)
+    if log:
+        log(f"images: {tag} ...")
+    return build_dockerfile(client, tag, docker_dir(), dockerfile, parent, force, files=[dockerfile, *extra])
 
 
 @dataclass(frozen=True)
@@ -225,13 +412,17 @@ def build_all(
     force: bool = False,
     log: Callable[[str], None] = print,
 ) -> list[BuildResult]:
-    """Build base (unless ``base`` names a public image), sandbox, then ``images`` FROM it."""
+    """Build base (unless ``base`` names a public image), the harness's own images (sandbox,
+    debian, python, postgres), then ``images`` FROM the sandbox image."""
     results = []
     if base is None:
         results.append(build_base(client, force=force, log=log))
         base = BASE_IMAGE
     ddir = docker_dir()
-    results.append(build_dockerfile(client, SANDBOX_IMAGE, ddir, "sandbox.Dockerfile", base, force))
+    for tag, (dockerfile, extra, parent) in HARNESS_IMAGES.items():
+        log(f"images: {tag} ...")
+        results.append(build_dockerfile(client, tag, ddir, dockerfile, base if parent == BASE_IMAGE else parent, force,
+                                        files=[dockerfile, *extra]))
     for im in images:
         results.append(build_dockerfile(client, im.tag, im.context, im.dockerfile, SANDBOX_IMAGE, force, labels=im.labels, files=im.files))
     return results

@@ -12,6 +12,7 @@ the final ``state.db`` (and ``-wal``) and the transcript.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import tempfile
 import threading
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.model.profile import Profile
-from harness.model.sandbox import TRANSCRIPT_FILE
-from harness.model.suite import SUITE_FILE, Suite, Task
+from harness.model.sandbox import GRADE_DIR, TRANSCRIPT_FILE
+from harness.model.suite import SUITE_FILE, Suite, SuiteSpec, Task
 from harness.model.units import MiB
-from harness.state.base import INPUT_DIR, WORKDIR, AgentInputs, ExportFile, StateKind
+from harness.state import sqlite_grade
+from harness.state.base import INPUT_DIR, WORKDIR, AgentInputs, ExportFile, GradePlan, StateKind
 
 STATE_FILE = "state.db"
 FIXTURE_FILE = "fixture.db"
@@ -32,6 +34,9 @@ EVIDENCE_CAP = 64 * MiB  # state.db and state.db-wal kept up to this size each
 TRANSCRIPT_CAP = 16 * MiB  # the transcript's first 16 MiB are kept
 
 SETUP = ["install", "-m", "0644", FIXTURE_PATH, STATE_PATH]  # a copy the agent owns and may write
+GRADE_PROGRAM = "sqlite_grade.py"
+GRADE_SPEC = "spec.json"
+_GRADE_SOURCE = Path(sqlite_grade.__file__).read_bytes()
 _BUILT: dict[tuple[str, str], bytes] = {}
 _BUILT_LOCK = threading.Lock()
 
@@ -64,23 +69,20 @@ class SqliteState(StateKind):
 
     name = "sqlite"
 
-    def check_suite(self, files: Any, sources: list[str], src: str, problems: list[str]) -> sqlite3.Connection | None:
+    def check_suite(self, files: Any, spec: SuiteSpec, src: str, problems: list[str]) -> sqlite3.Connection | None:
         """Build the common fixture (``state_sql`` in order) in memory; None when broken."""
+        sources = list(spec.state_sql)
+        if not check_sql_sources(files, sources, src, problems):
+            return None
         conn = sqlite3.connect(":memory:")
         ok = True
         for i, rel in enumerate(sources):
-            if not files.inside(rel):
-                problems.append(f"{src}: state_sql.{i}: {rel!r} is outside the suite directory")
+            try:
+                conn.executescript(files.text(rel))
+            except sqlite3.Error as e:
+                problems.append(f"{src}: state_sql.{i}: {rel}: SQL error: {_sql_error(e)}")
                 ok = False
-            elif not files.has(rel):
-                problems.append(f"{src}: state_sql.{i}: no such file {files.display(rel)}")
-                ok = False
-            elif ok:
-                try:
-                    conn.executescript(files.text(rel))
-                except sqlite3.Error as e:
-                    problems.append(f"{src}: state_sql.{i}: {rel}: SQL error: {_sql_error(e)}")
-                    ok = False
+                break
         if not ok:
             conn.close()
             return None
@@ -92,15 +94,9 @@ class SqliteState(StateKind):
 
     def check_task(self, files: Any, src: str, task: Task, base: sqlite3.Connection | None, problems: list[str]) -> bool:
         """Build the task's fixture once in memory; check its SQL, expectation queries and table names."""
-        fixture_text = None
-        if task.fixture is not None:
-            if not files.inside(task.fixture):
-                problems.append(f"{src}: fixture: {task.fixture!r} is outside the suite directory")
-                return False
-            if not files.has(task.fixture):
-                problems.append(f"{src}: fixture: no such file {files.display(task.fixture)}")
-                return False
-            fixture_text = files.text(task.fixture)
+        if not check_fixture_file(files, src, task, problems):
+            return False
+        fixture_text = files.text(task.fixture) if task.fixture is not None else None
         if base is None:
             return True  # the common fixture is broken (already reported); nothing to build on
         conn = sqlite3.connect(":memory:")
@@ -118,13 +114,11 @@ class SqliteState(StateKind):
         finally:
             conn.close()
 
-    def fixture_text(self, files: Any, sources: list[str], task: Task) -> str:
-        parts = [f"-- harness: {SUITE_FILE} state_sql {rel}\n{files.text(rel)}" for rel in sources]
-        if task.fixture:
-            parts.append(f"-- harness: task {task.id} fixture {task.fixture}\n{files.text(task.fixture)}")
-        if task.fixture_sql:
-            parts.append(f"-- harness: task {task.id} fixture_sql\n{task.fixture_sql}")
-        return "\n".join(parts) + "\n"
+    def fixture_text(self, files: Any, spec: SuiteSpec, task: Task) -> str:
+        return sql_fixture_text(files, spec, task)
+
+    def runtime_files(self, spec: SuiteSpec, task: Task) -> list[str]:
+        return [*spec.state_sql, *([task.fixture] if task.fixture else [])]
 
     def fixture_db(self, suite: Suite, task: Task) -> bytes:
         """The task's fixture database, built once per suite content and task."""
@@ -135,14 +129,70 @@ class SqliteState(StateKind):
             return _BUILT[key]
 
     def prepare(self, suite: Suite, task: Task) -> AgentInputs:
-        return AgentInputs(files={FIXTURE_FILE: self.fixture_db(suite, task)}, setup=list(SETUP), env={"HARNESS_STATE": STATE_PATH})
+        return AgentInputs(files={FIXTURE_FILE: self.fixture_db(suite, task)}, setup=[list(SETUP)], env={"HARNESS_STATE": STATE_PATH})
 
-    def exports(self, profile: Profile) -> list[ExportFile]:
+    def exports(self, suite: Suite, task: Task, profile: Profile) -> list[ExportFile]:
         return [
             ExportFile(STATE_FILE, EVIDENCE_CAP),
             ExportFile(STATE_FILE + "-wal", EVIDENCE_CAP),
             ExportFile(TRANSCRIPT_FILE, TRANSCRIPT_CAP, keep_head=True),
         ]
+
+    def carry(self, suite: Suite, task: Task) -> list[tuple[ExportFile, str]]:
+        return [(ExportFile("state", EVIDENCE_CAP, path=WORKDIR, tree=True), WORKDIR)]
+
+    def expectations_plan(self, suite: Suite, task: Task) -> GradePlan:
+        spec = {**grade_spec(task), "state_path": STATE_PATH, "fixture_path": FIXTURE_PATH}
+        return GradePlan(
+            files={GRADE_PROGRAM: _GRADE_SOURCE, GRADE_SPEC: json.dumps(spec).encode()},
+            cmd=["python3", "-I", "-S", f"{GRADE_DIR}/{GRADE_PROGRAM}", f"{GRADE_DIR}/{GRADE_SPEC}"],
+        )
+
+
+def grade_spec(task: Task) -> dict:
+    """What an in-sandbox SQL grader needs of a task (JSON)."""
+    return {
+        "task_id": task.id,
+        "expect": [e.model_dump(mode="json") for e in task.expect],
+        "unchanged": list(task.unchanged),
+        "allow": list(task.allow),
+    }
+
+
+def check_sql_sources(files: Any, sources: list[str], src: str, problems: list[str]) -> bool:
+    """The suite's ``state_sql`` files exist inside the suite."""
+    ok = True
+    for i, rel in enumerate(sources):
+        if not files.inside(rel):
+            problems.append(f"{src}: state_sql.{i}: {rel!r} is outside the suite directory")
+            ok = False
+        elif not files.has(rel):
+            problems.append(f"{src}: state_sql.{i}: no such file {files.display(rel)}")
+            ok = False
+    return ok
+
+
+def check_fixture_file(files: Any, src: str, task: Task, problems: list[str]) -> bool:
+    """A task's ``fixture`` file exists inside the suite."""
+    if task.fixture is None:
+        return True
+    if not files.inside(task.fixture):
+        problems.append(f"{src}: fixture: {task.fixture!r} is outside the suite directory")
+        return False
+    if not files.has(task.fixture):
+        problems.append(f"{src}: fixture: no such file {files.display(task.fixture)}")
+        return False
+    return True
+
+
+def sql_fixture_text(files: Any, spec: SuiteSpec, task: Task) -> str:
+    """state_sql, then the task's fixture file, then its inline SQL, as one script."""
+    parts = [f"-- harness: {SUITE_FILE} state_sql {rel}\n{files.text(rel)}" for rel in spec.state_sql]
+    if task.fixture:
+        parts.append(f"-- harness: task {task.id} fixture {task.fixture}\n{files.text(task.fixture)}")
+    if task.fixture_sql:
+        parts.append(f"-- harness: task {task.id} fixture_sql\n{task.fixture_sql}")
+    return "\n".join(parts) + "\n"
 
 
 def _check_names(src: str, task: Task, tables: dict[str, list[str]], problems: list[str]) -> bool:

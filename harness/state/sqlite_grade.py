@@ -529,14 +529,25 @@ def _fmt_row(row: tuple) -> str:
     return "(" + ", ".join(_fmt(v) for v in row) + ")"
 
 
+def sqlite_query(conn: sqlite3.Connection):
+    """A query runner over a SQLite connection: query -> (columns, first MAX_QUERY_ROWS + 1 rows)."""
+    def run(query: str) -> tuple[list[str], list[tuple]]:
+        cur = conn.execute(query)
+        return [d[0] for d in cur.description or []], cur.fetchmany(MAX_QUERY_ROWS + 1)
+    return run
+
+
 def check_expectation(conn: sqlite3.Connection, exp: dict[str, Any]) -> tuple[bool, str | None]:
     """Run one expectation's query on the final state; (passed, detail)."""
+    return check_with(sqlite_query(conn), exp, sqlite3.Error)
+
+
+def check_with(run: Any, exp: dict[str, Any], errors: Any) -> tuple[bool, str | None]:
+    """One expectation through a query runner (SQLite here, PostgreSQL in its service)."""
     name = exp["name"]
     try:
-        cur = conn.execute(exp["query"])
-        cols = [d[0] for d in cur.description or []]
-        got = cur.fetchmany(MAX_QUERY_ROWS + 1)
-    except sqlite3.Error as e:
+        cols, got = run(exp["query"])
+    except errors as e:
         return False, f"{name}: query failed on the final state: {_one_line(str(e), 160)}"
     n = len(got)
     found = f"{n}{'+' if n > MAX_QUERY_ROWS else ''}"
@@ -611,17 +622,19 @@ def ungradable(reason: str) -> dict[str, Any]:
     return _verdict("ungradable", False, detail, [_check("readable final state", "state", False, detail)], None)
 
 
-def grade_connections(spec: dict[str, Any], fx: sqlite3.Connection, st: sqlite3.Connection) -> dict[str, Any]:
+def grade_connections(spec: dict[str, Any], fx: sqlite3.Connection, st: sqlite3.Connection,
+                      expectations: list[tuple[bool, str | None]] | None = None, schema: list[str] | None = None) -> dict[str, Any]:
     """The verdict on an open final state ``st`` against the fixture ``fx``. sqlite3 errors
-    from ``st`` propagate (the caller makes them ``ungradable``)."""
+    from ``st`` propagate (the caller makes them ``ungradable``). ``expectations`` and
+    ``schema``, when given, were evaluated elsewhere (on the PostgreSQL original of a mirror)."""
     unchanged = list(spec.get("unchanged") or [])
     allow = list(spec.get("allow") or [])
     diff = diff_states(fx, st, allow)
-    schema = schema_diff(fx, st)
+    schema = schema_diff(fx, st) if schema is None else schema
     by_table = {td["table"]: td for td in diff}
     checks = []
-    for exp in spec.get("expect") or []:
-        ok, detail = check_expectation(st, exp)
+    for i, exp in enumerate(spec.get("expect") or []):
+        ok, detail = check_expectation(st, exp) if expectations is None else expectations[i]
         checks.append(_check(exp["name"], "expect", ok, detail))
     for table in unchanged:
         td = by_table.get(table)

@@ -317,8 +317,9 @@ class Store:
         return {i: (na.get(i, 0), ns.get(i, 0)) for i in ids}
 
 
-_LISTS = ("reasons", "rules", "grade_checks")
-_DICTS = ("state_diff", "envelope", "envelope_applied", "counters", "host_counters", "grade_envelope")
+_LISTS = ("reasons", "rules", "grade_checks", "envelope_notes")
+_DICTS = ("state_diff", "envelope", "envelope_applied", "counters", "host_counters", "grade_envelope", "rewards",
+          "requested_envelope", "services")
 
 
 def _attempt_record(row: dict[str, Any]) -> AttemptRecord:
@@ -337,9 +338,11 @@ def _run_record(row: dict[str, Any]) -> RunRecord:
     for k in ("agent_cmd", "ks", "task_ids"):
         if row.get(k) is None:
             row[k] = []
-    for k in ("profile_json", "host"):
+    for k in ("profile_json", "host", "images", "substitutions", "adjustments", "excluded"):
         if row.get(k) is None:
             row[k] = {}
+    if row.get("task_overrides") is None:
+        row["task_overrides"] = True
     for k in ("controller", "note", "suite_path", "artifacts_dir", "cgroup_version", "identity_hash", "image_digest"):
         if row.get(k) is None:
             row[k] = ""

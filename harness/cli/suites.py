@@ -1,0 +1,148 @@
+"""``harness suites``: list suites, show one, and check that every task of one is gradable."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
+
+from harness.cli.app import DB_HELP, HarnessGroup, console, err
+
+
+class _SuitesGroup(HarnessGroup):
+    """`harness suites NAME` shows a suite; `harness suites check DIR` checks one; `harness suites` lists."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            return "show", self.commands["show"], args
+        return super().resolve_command(ctx, args)
+
+
+suites_app = typer.Typer(cls=_SuitesGroup, invoke_without_command=True, add_completion=False,
+                         help="List the built-in suites, show one suite's tasks, or check every task of a suite.")
+
+
+@suites_app.callback()
+def _default(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="JSON output.")) -> None:
+    """List the built-in suites (`harness suites`), show one (`harness suites NAME|DIR`), or
+    check one (`harness suites check DIR`).
+
+    Examples:
+
+      harness suites
+
+      harness suites refunds
+
+      harness suites ./harbor-tasks
+
+      harness suites check ops
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from harness.engine.suites import builtin_suites, load_suite
+
+    ss = [load_suite(n) for n in builtin_suites()]
+    if json_out:
+        print(json.dumps([{"name": s.name, "description": s.description, "format": s.format, "tasks": len(s.tasks),
+                           "image": s.image, "trials": s.trials, "k": s.k} for s in ss], indent=2))
+        return
+    t = Table(title="built-in suites")
+    for c in ("suite", "format", "tasks", "trials", "k", "profile", "image", "description"):
+        t.add_column(c)
+    for s in ss:
+        t.add_row(s.name, s.format, str(len(s.tasks)), str(s.trials), ",".join(map(str, s.k)), s.profile, s.image or "per task",
+                  s.description)
+    console.print(t)
+
+
+@suites_app.command("show")
+def show(
+    name: str = typer.Argument(..., help="A built-in suite name or a suite directory (native, Harbor, Terminal-Bench)."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """Show one suite's tasks: state kind, grader, image and envelope of each.
+
+    Example:  harness suites refunds
+    """
+    from harness.engine.suites import load_suite
+
+    s = load_suite(name)
+    if json_out:
+        print(json.dumps({"name": s.name, "format": s.format, "tasks": [
+            {"id": t.id, "title": t.title, "tags": list(t.tags), "state": t.state_kind, "grader": t.grader_kind,
+             "image": t.image or s.image, "services": [x.name for x in (*s.services, *t.services)],
+             "envelope": t.envelope.model_dump(exclude_none=True) if t.envelope else {}} for t in s.tasks]}, indent=2))
+        return
+    t = Table(title=f"{s.name} ({s.format}): {s.description}" if s.description else f"{s.name} ({s.format})")
+    for c in ("task", "title", "state / grader", "services", "envelope override"):
+        t.add_column(c)
+    for task in s.tasks:
+        ov = task.envelope.model_dump(exclude_none=True) if task.envelope else {}
+        svcs = ", ".join(x.name for x in (*s.services, *task.services)) + (" db" if task.state_kind == "postgres" else "")
+        t.add_row(task.id, Text(task.title[:70]), f"{task.state_kind} / {task.grader_kind}", svcs.strip(), json.dumps(ov) if ov else "")
+    console.print(t)
+
+
+@suites_app.command("check")
+def check(
+    suite: str = typer.Argument(..., help="A built-in suite name or a suite directory (native, Harbor, Terminal-Bench)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: all)."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Run under this profile (default: the suite's / the tasks' own)."),
+    base_map: list[str] = typer.Option([], "--base-map", help="FOREIGN=LOCAL base image mapping for per-task builds (repeatable)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document."),
+) -> None:
+    """Run each task once with the built-in oracle and once with nop; report broken tasks.
+
+    A task is broken when its oracle does not pass (unsolvable as packaged: tests, image or
+    solution wrong here), when nop passes (the grader accepts an untouched state), or when
+    it cannot run here (its image does not build offline, it has no solution). Both runs
+    are stored like any other (see `harness runs`). Exit 1 when any task is broken.
+
+    Examples:
+
+      harness suites check ops
+
+      harness suites check ./terminal-bench-tasks --tasks hello-world --base-map ubuntu:24.04=harness/debian:bookworm
+    """
+    from harness.engine.check import check_suite
+    from harness.engine.runner import RunOptions, Runner
+
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    ids: list[str] = []
+
+    def run_one(agent: str) -> tuple[Any, list[Any]]:
+        opts = RunOptions(suite=suite, profile=profile, trials=1, ks=[1], tasks=task_list, agent=agent, base_map=list(base_map) or None,
+                          note=f"suites check ({agent})", log=None if json_out else (lambda m: err.print(f"[dim]{m}[/]", highlight=False)))
+        runner = Runner.plan(opts, db=db)
+        ids[:] = sorted(set(ids) | set(runner.run.task_ids) | set(runner.run.excluded))
+        if not json_out:
+            err.print(f"[bold]{agent}[/]: run {runner.run.id} ({len(runner.run.task_ids)} tasks)", highlight=False)
+        runner.execute()
+        return runner.store.get_run(runner.run.id), runner.store.attempts(runner.run.id)
+
+    checks, run_ids = check_suite(run_one, ids)
+    broken = [c for c in checks if not c.ok]
+    if json_out:
+        print(json.dumps({"suite": suite, "runs": run_ids, "ok": not broken, "tasks": [
+            {"task": c.task, "oracle": c.oracle, "nop": c.nop, "ok": c.ok, "reasons": c.reasons, "attempts": c.attempts} for c in checks]},
+            indent=2))
+    else:
+        t = Table(title=f"suites check {suite}: {len(checks) - len(broken)} ok, {len(broken)} broken")
+        for c in ("task", "oracle", "nop", "verdict"):
+            t.add_column(c)
+        for c in checks:
+            verdict = Text("ok", style="green") if c.ok else Text("broken: " + "; ".join(c.reasons), style="red")
+            t.add_row(c.task, c.oracle, c.nop, verdict)
+        console.print(t)
+        console.print(f"[dim]runs {', '.join(run_ids)}; per attempt: harness trials RUN, harness show ID[/]")
+    if broken:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(suites_app, name="suites")

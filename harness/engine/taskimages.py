@@ -1,0 +1,77 @@
+"""Per-task images of suites whose tasks bring their own (Harbor, Terminal-Bench): built
+offline (``harness.sandbox.images.build_image``: foreign bases mapped, the host's CA passed
+in, BuildKit-only syntax rewritten), cached by their inputs, one line per task that cannot be
+built (the log's tail, the whole log under HARNESS_HOME/builds)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from harness.model.errors import HarnessError
+from harness.model.state import BuildSpec, VerifierGraderSpec
+from harness.model.suite import Suite, Task
+from harness.sandbox.basemap import BaseMap
+from harness.sandbox.dockerfile import DockerfileError
+from harness.sandbox.images import SUITE_LABEL, build_image, ensure_local_base, image_id, image_identity
+from harness.store.store import harness_home
+
+TASK_LABEL = "dev.harness.task"
+
+
+@dataclass
+class TaskImages:
+    """What the builds gave: task id -> (image, digest), foreign base -> local image, and the
+    tasks that could not be built (task id -> one line)."""
+
+    images: dict[str, tuple[str, str]] = field(default_factory=dict)
+    verifiers: dict[str, str] = field(default_factory=dict)  # task id -> a separate verifier's image
+    substitutions: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    built: list[tuple[str, float]] = field(default_factory=list)  # (tag, seconds) actually built
+
+
+def _one_build(client: Any, suite: Suite, tag: str, b: BuildSpec, bmap: BaseMap, labels: dict[str, str], force: bool, out: TaskImages) -> str:
+    """Build (or map) one image; the tag to run."""
+    if b.image:  # a prebuilt image: mapped like a FROM, never built
+        try:
+            local = bmap.resolve(b.image, lambda r: image_id(client, r) is not None)
+        except DockerfileError as e:
+            raise HarnessError(str(e)) from None
+        if image_id(client, local) is None:
+            ensure_local_base(client, local)
+        if local != b.image:
+            out.substitutions[b.image] = f"{local}@{(image_id(client, local) or local)[:19]}"
+        return local
+    files = suite.files_under(b.context)
+    res = build_image(client, tag, files, b.dockerfile, basemap=bmap, labels=labels, force=force, timeout=b.timeout,
+                      log_dir=harness_home() / "builds", ensure_base=lambda local: ensure_local_base(client, local))
+    out.substitutions.update(res.substitutions)
+    if res.built:
+        out.built.append((tag, res.seconds))
+    return tag
+
+
+def build_task_images(client: Any, suite: Suite, tasks: list[Task], base_map: list[str] | None = None, force: bool = False,
+                      log: Callable[[str], None] | None = None) -> TaskImages:
+    """Build the images of ``tasks`` that have a ``build`` (and their separate verifiers')."""
+    bmap = BaseMap.parse(base_map, suite.base_map)
+    out = TaskImages()
+    todo = [t for t in tasks if t.build is not None]
+    for i, t in enumerate(todo, 1):
+        t0 = time.monotonic()
+        n_built = len(out.built)
+        labels = {SUITE_LABEL: suite.name, TASK_LABEL: t.id}
+        try:
+            tag = _one_build(client, suite, t.image or "", t.build, bmap, labels, force, out)
+            if isinstance(t.grader, VerifierGraderSpec) and t.grader.build is not None and t.grader.image:
+                out.verifiers[t.id] = _one_build(client, suite, t.grader.image, t.grader.build, bmap, labels, force, out)
+            out.images[t.id] = (tag, image_identity(client, tag)[1])
+        except HarnessError as e:
+            out.failures[t.id] = str(e)
+        if log is not None:
+            took = time.monotonic() - t0
+            state = "cannot be built" if t.id in out.failures else ("built" if len(out.built) > n_built else "up to date")
+            log(f"image {i}/{len(todo)} {t.id}: {state} ({took:.1f} s)")
+    return out

@@ -1,0 +1,186 @@
+"""The Docker sandbox backend: sandboxes, per-attempt networks, and cleaning up after
+controllers that died (every container and network the harness makes is labelled)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+
+from harness.model.errors import EngineError, SandboxError
+from harness.sandbox.base import Network, SandboxBackend, SandboxSpec
+from harness.sandbox.docker_sandbox import LIVE, PENDING, DockerSandbox, remove_all_live, retry_removals
+from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LABEL_RUN, controller_host, pid_alive, sweep_input_folders
+
+
+def _labels(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {LABEL: "1", LABEL_OWNER: str(os.getpid()), LABEL_HOST: controller_host(), **(extra or {})}
+
+
+class DockerNetwork(Network):
+    """A user-defined bridge network marked internal: no route out, names resolve inside."""
+
+    def __init__(self, client: docker.DockerClient, labels: dict[str, str]):
+        self.client = client
+        self.name = f"harness-net-{uuid.uuid4().hex[:12]}"
+        try:
+            self.net = client.networks.create(self.name, driver="bridge", internal=True, labels=_labels(labels))
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            raise SandboxError(f"the engine refused a private network for the attempt: {str(e)[:200]}") from None
+
+    def remove(self) -> bool:
+        for _ in range(3):
+            try:
+                self.net.remove()
+                return True
+            except docker.errors.NotFound:
+                return True
+            except (docker.errors.DockerException, requests.RequestException):
+                continue
+        return False
+
+
+class DockerBackend(SandboxBackend):
+    """Sandboxes as Docker containers on the engine ``client`` talks to."""
+
+    def __init__(self, client: docker.DockerClient, inputs_root: Path | None = None):
+        self.client = client
+        self.inputs_root = inputs_root
+
+    def sandbox(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.inputs_root is None and self.inputs_root is not None:
+            spec = SandboxSpec(**{**spec.__dict__, "inputs_root": self.inputs_root})
+        return DockerSandbox(self.client, spec)
+
+    def network(self, labels: dict[str, str]) -> DockerNetwork:
+        return DockerNetwork(self.client, labels)
+
+    def sweep_dead_owners(self) -> list[str]:
+        removed = sweep_containers(self.client, only_dead_owners=True)
+        removed += sweep_networks(self.client, only_dead_owners=True)
+        if self.inputs_root is not None:
+            removed += sweep_input_folders(self.inputs_root.resolve())
+        return removed
+
+    def sweep_run(self, run_id: str, held_too: bool = False) -> list[str]:
+        if held_too:
+            try:
+                return sweep_containers(self.client, run_id=run_id) + sweep_networks(self.client, run_id=run_id)
+            except Exception:  # the engine is down: the start-up sweep of the next run removes them
+                return []
+        return sweep_unowned(self.client, run_id)
+
+    def remove_held(self) -> int:
+        return remove_all_live()
+
+    def retry_removals(self) -> list[str]:
+        return retry_removals()
+
+    def ping(self) -> bool:
+        try:
+            self.client.ping()
+            return True
+        except Exception:
+            return False
+
+    def check_command(self, image: str, command: str, profile: Any, user: str | None = None) -> str | None:
+        probe = 'p=$(command -v -- "$1") && [ -f "$p" ] && [ -x "$p" ]'
+        c = None
+        who = user or profile.user
+        try:
+            c = self.client.containers.run(
+                image, ["sh", "-c", probe, "sh", command], detach=True, user=who, working_dir="/",
+                network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                mem_limit=profile.memory, pids_limit=64, log_config={"type": "none"}, labels=_labels(),
+            )
+            if c.wait(timeout=60).get("StatusCode") == 0:
+                return None
+            return (f"the agent command {command!r} is not an executable file on the PATH of image {image} "
+                    f"(as user {who}); check --agent-cmd or agent_cmd in suite.toml")
+        except docker.errors.ImageNotFound:
+            return f"image {image} not found; build it with `make images` (or `harness images build`)"
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            raise EngineError(f"the engine could not start a container from {image} to check the agent command: {str(e)[:200]}") from None
+        finally:
+            if c is not None:
+                try:
+                    c.remove(force=True)
+                except (docker.errors.DockerException, requests.RequestException):
+                    pass  # labelled: the next start-up sweep removes it
+
+
+def _owner_dead(labels: dict[str, str]) -> bool:
+    """Is the controller that made this object gone? False when it cannot be told from here."""
+    owner = labels.get(LABEL_OWNER, "")
+    host = labels.get(LABEL_HOST)
+    here = controller_host()
+    if host is not None and host != here and not _legacy_host(host, here):
+        return False  # another host or pid namespace: its pids mean nothing here
+    return not (owner.isdigit() and pid_alive(int(owner)))
+
+
+def sweep_containers(client: docker.DockerClient, run_id: str | None = None, only_dead_owners: bool = False) -> list[str]:
+    """Remove containers the harness left behind (by label). With ``only_dead_owners``, keep
+    those whose owning controller process is still alive (or cannot be judged from here)."""
+    filters = {"label": [f"{LABEL}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
+    removed = []
+    for c in client.containers.list(all=True, filters=filters):
+        if only_dead_owners and not _owner_dead(c.labels):
+            continue
+        try:
+            c.remove(force=True)
+            removed.append(c.name)
+        except docker.errors.NotFound:
+            pass
+    return removed
+
+
+def sweep_networks(client: docker.DockerClient, run_id: str | None = None, only_dead_owners: bool = False) -> list[str]:
+    """Remove the harness's per-attempt networks left behind (their containers must be gone)."""
+    filters = {"label": [f"{LABEL}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
+    removed = []
+    try:
+        nets = client.networks.list(filters=filters)
+    except (docker.errors.DockerException, requests.RequestException):
+        return removed
+    for n in nets:
+        if only_dead_owners and not _owner_dead(n.attrs.get("Labels") or {}):
+            continue
+        try:
+            n.remove()
+            removed.append(n.name)
+        except (docker.errors.DockerException, requests.RequestException):
+            pass
+    return removed
+
+
+def _legacy_host(label: str, here: str) -> bool:
+    """Labels written by an older harness carried 'host:pid:[inode]' for the namespace."""
+    host, _, ns = label.partition(":")
+    return ns.startswith("pid:[") and f"{host}:{ns[5:-1]}" == here
+
+
+def sweep_unowned(client: docker.DockerClient, run_id: str) -> list[str]:
+    """Remove this run's containers that no sandbox of this process holds any more (a
+    removal that failed while the engine was restarting). Live sandboxes are left alone."""
+    removed = []
+    try:
+        found = client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"{LABEL_RUN}={run_id}"]})
+    except Exception:
+        return removed
+    live = LIVE.names()
+    for c in found:
+        if c.name in live:
+            continue
+        try:
+            c.remove(force=True)
+            removed.append(c.name)
+            PENDING.discard(c.name)
+        except Exception:
+            pass
+    return removed
