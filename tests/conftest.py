@@ -42,3 +42,12 @@ def trial_cpu():
 
     with CpuPool.for_host().leased(1) as got:
         yield got
+
+
+def run_cli(cwd, *args: str, env: dict | None = None, timeout: float = 600):
+    """`python -m harness ARGS` in ``cwd`` with its own HARNESS_HOME, as a user would run it."""
+    import subprocess
+    import sys
+
+    e = {**os.environ, "HARNESS_HOME": str(cwd / "home"), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)

@@ -23,6 +23,7 @@ import json
 import os
 import random
 import statistics
+import shutil
 import time
 from pathlib import Path
 
@@ -305,6 +306,97 @@ def bench_estimator(tasks: int = 100_000, trials: int = 100) -> dict:
     }
 
 
+
+def _kind_suites(root: Path) -> dict[str, tuple[Path, list[str]]]:
+    """One no-op task per state kind / grader: suite directory and extra `run` arguments."""
+    files = root / "files"
+    (files / "tasks").mkdir(parents=True)
+    (files / "fx" / "data").mkdir(parents=True)
+    (files / "fx" / "config.json").write_text('{"port": 80}\n')
+    (files / "fx" / "data" / "keep.txt").write_text("keep\n")
+    (files / "suite.toml").write_text('name = "bench-files"\nimage = "harness/sandbox:latest"\ndockerfile = ""\nstate = "files"\n'
+                                      'agent_cmd = ["true"]\ntrials = 1\nk = [1]\nmax_reruns = 5\n')
+    (files / "tasks" / "noop.toml").write_text('id = "noop"\ntitle = "no-op"\nprompt = "nothing"\nunchanged = ["/work/app/**"]\n'
+                                               '[state]\npath = "/work/app"\nfixture = "fx"\n'
+                                               '[[expect]]\npath = "/work/app/config.json"\njson = "port"\nequals = 80\n')
+    pg = root / "pg"
+    (pg / "tasks").mkdir(parents=True)
+    (pg / "schema.sql").write_text("CREATE TABLE log (id int PRIMARY KEY, note text);\n")
+    (pg / "suite.toml").write_text('name = "bench-pg"\nimage = "harness/postgres:15"\ndockerfile = ""\nstate = "postgres"\n'
+                                   'agent_cmd = ["true"]\ntrials = 1\nk = [1]\nmax_reruns = 5\nstate_sql = ["schema.sql"]\n')
+    (pg / "tasks" / "noop.toml").write_text('id = "noop"\ntitle = "no-op"\nprompt = "nothing"\nunchanged = ["log"]\n'
+                                            '[[expect]]\nname = "log"\nquery = "SELECT count(*) FROM log"\nrows = [[0]]\n')
+    harbor = root / "harbor" / "noop"
+    for sub in ("environment", "tests"):
+        (harbor / sub).mkdir(parents=True)
+    (harbor / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 30.0\n[agent]\ntimeout_sec = 30.0\n'
+                                      '[environment]\ncpus = 1\nmemory_mb = 512\nallow_internet = false\n')
+    (harbor / "instruction.md").write_text("nothing\n")
+    (harbor / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\n")
+    (harbor / "tests" / "test.sh").write_text("#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n")
+    sep = root / "harbor-sep" / "noop-sep"
+    shutil.copytree(harbor, sep)
+    (sep / "task.toml").write_text((harbor / "task.toml").read_text().replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n'))
+    return {"sqlite (baseline)": (_noop_suite(root), []), "files": (files, []), "postgres (a service per attempt)": (pg, []),
+            "verifier, shared (Harbor task)": (root / "harbor", ["--agent", "nop"]),
+            "verifier, separate container": (root / "harbor-sep", ["--agent", "nop"])}
+
+
+def bench_state_kinds(rounds: int = 3, trials: int = 5) -> dict:
+    """Per-attempt wall time of a no-op agent under each state kind / grader, interleaved."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from harness.store.store import Store
+
+    with tempfile.TemporaryDirectory(prefix="harness-bench-kinds-") as tmp:
+        root = Path(tmp)
+        suites = _kind_suites(root)
+        env = {**os.environ, "HARNESS_HOME": str(root / "home")}
+        per: dict[str, list[float]] = {name: [] for name in suites}
+        for rnd in range(rounds + 1):  # round 0 builds images and warms caches: not counted
+            for name, (suite, extra) in suites.items():
+                db = f"sqlite:///{root}/k.db"
+                r = subprocess.run([sys.executable, "-m", "harness", "run", "--suite", str(suite), "--trials", str(trials), "--db", db,
+                                    "--json", *extra], capture_output=True, text=True, env=env, cwd=root)
+                if r.returncode not in (0, 1):
+                    raise RuntimeError(f"{name}: {r.stderr[-500:]}")
+                if rnd == 0:
+                    continue
+                run_id = json.loads(r.stdout)["run_id"]
+                walls = [a.wall_s for a in Store.open(db, mode="ro").attempts(run_id) if a.verdict == "clean"]
+                per[name].append(statistics.median(walls))
+    base = statistics.median(per["sqlite (baseline)"])
+    out: dict = {"name": f"attempt wall time per state kind, no-op agent ({rounds} interleaved rounds x {trials} trials; "
+                         "per-round medians)"}
+    for name, meds in per.items():
+        m = statistics.median(meds)
+        out[name] = f"{m:.3f} s  ratio {m / base:.2f}x  (rounds {min(meds):.3f}-{max(meds):.3f} s)"
+    return out
+
+
+def bench_task_builds(suite: str = "ops") -> dict:
+    """A Harbor suite's per-task images: a forced rebuild of every one vs the cached check."""
+    from harness.engine.images import build_images
+
+    t0 = time.perf_counter()
+    built = build_images(suites=[suite], force=True, log=lambda _m: None)
+    forced = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    build_images(suites=[suite], log=lambda _m: None)
+    cached = time.perf_counter() - t0
+    tasks = [r for r in built if r.tag.startswith("harness/task-")]
+    slow = max(tasks, key=lambda r: r.seconds) if tasks else None
+    return {
+        "name": f"per-task image builds of the {suite} suite ({len(tasks)} tasks, offline, bases mapped)",
+        "forced_rebuild_s": round(forced, 2),
+        "cached_check_s": round(cached, 3),
+        "slowest_task": f"{slow.tag} {slow.seconds:.1f} s" if slow else "-",
+        "baseline": "the same command when every image is up to date",
+        "ratio": round(forced / cached, 1) if cached else None,
+    }
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="harness.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "15")))
@@ -316,6 +408,8 @@ def main(argv: list[str] | None = None) -> None:
         bench_overhead(client, args.rounds),
         bench_sampling(client),
         bench_throughput(client, args.trials),
+        bench_state_kinds(),
+        bench_task_builds(),
         bench_estimator(),
         bench_report_query(),
     ]

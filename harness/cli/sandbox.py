@@ -196,26 +196,53 @@ def images_build(
     base: Optional[str] = typer.Option(
         None, "--base", help="Build FROM this public image instead of the offline Debian base (needs a registry)."
     ),
-    suite: list[str] = typer.Option([], "--suite", help="Also build this suite's image (default: all built-in suites)."),
+    suite: list[str] = typer.Option([], "--suite", help="Build this suite's images (repeatable; default: all built-in suites). "
+                                    "A Harbor / Terminal-Bench directory gets one image per task."),
+    base_map: list[str] = typer.Option([], "--base-map", help="FOREIGN=LOCAL base image mapping for per-task builds (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when the inputs are unchanged."),
 ) -> None:
-    """Build harness/base offline, then harness/sandbox and the suite images FROM it.
+    """Build harness/base offline, then the harness images and the suite images FROM it.
 
-    The base comes from mmdebstrap with apt's configured sources (no registry). Any image
-    whose inputs (files, Dockerfile, base image) are unchanged is skipped.
+    The base comes from mmdebstrap with apt's configured sources (no registry). Foreign
+    Dockerfiles (Harbor, Terminal-Bench) are built per task with their bases mapped to local
+    images (`harness images basemap`), the host's CA bundle passed in for pip / apt. Any
+    image whose inputs (files, Dockerfile, base image) are unchanged is skipped; the log of
+    every build is kept under .harness/builds/.
 
     Examples:
 
       harness images build
 
+      harness images build --suite ./harbor-tasks --base-map node:20=my/node:local
+
       harness images build --base python:3.11-slim-bookworm
     """
     from harness.engine.images import build_images
 
-    results = build_images(base=base, suites=suite or None, force=force, log=lambda m: err.print(m, highlight=False))
+    results = build_images(base=base, suites=suite or None, force=force, log=lambda m: err.print(m, highlight=False),
+                           base_map=list(base_map) or None)
     for r in results:
         what = f"built in {r.seconds:.1f}s" if r.built else "up to date"
-        console.print(f"{r.tag:32} {what}  (inputs {r.inputs})", highlight=False)
+        console.print(f"{r.tag:32} {what}" + (f"  (inputs {r.inputs})" if r.inputs else ""), highlight=False)
+
+
+def images_basemap() -> None:
+    """Show which local image each common foreign base is built FROM (offline builds).
+
+    `--base-map FOREIGN=LOCAL` (on run, suites check, images build) and a suite's own
+    `base_map` come first; an image the engine already has is used as it is. Every
+    substitution is recorded in the run's identity.
+
+    Example:  harness images basemap
+    """
+    from harness.sandbox.basemap import default_table
+
+    t = Table(title="default base-image mapping")
+    for col in ("FROM (glob)", "built FROM instead", "what differs"):
+        t.add_column(col)
+    for pattern, local, why in default_table():
+        t.add_row(pattern, local, why)
+    console.print(t)
 
 
 def images_list() -> None:
@@ -241,3 +268,4 @@ def register(app: typer.Typer) -> None:
     sandbox_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sandbox_exec)
     images_app.command("build")(images_build)
     images_app.command("list")(images_list)
+    images_app.command("basemap")(images_basemap)

@@ -25,7 +25,7 @@ def run_checks() -> list[Check]:
     from harness.model.errors import EngineError
     from harness.sandbox.docker_backend import DockerBackend
     from harness.sandbox.docker_sandbox import connect, image_present
-    from harness.sandbox.images import BASE_IMAGE, SANDBOX_IMAGE
+    from harness.sandbox.images import BASE_IMAGE, HARNESS_IMAGES, SANDBOX_IMAGE
 
     out: list[Check] = [Check("harness", "ok", f"version {harness.__version__}")]
     facts = hoststats.host_facts()
@@ -65,11 +65,17 @@ def run_checks() -> list[Check]:
     driver = info.get("CgroupDriver", "?")
     out.append(Check("cgroup driver", "ok", f"{driver} (engine reports cgroup v{info.get('CgroupVersion', '?')})"))
     missing = []
-    for img in [BASE_IMAGE, SANDBOX_IMAGE] + [load_suite(s).image for s in builtin_suites()]:
+    wanted = [BASE_IMAGE, SANDBOX_IMAGE, *HARNESS_IMAGES]
+    for name in builtin_suites():
+        s = load_suite(name)
+        wanted += [t.image for t in s.tasks if t.build is not None and t.image]  # built per task (Harbor format)
+        if s.image and any(t.build is None for t in s.tasks):
+            wanted.append(s.image)
+    for img in dict.fromkeys(wanted):
         if not image_present(client, img):
             missing.append(img)
     out.append(
-        Check("images", "fail" if missing else "ok", f"missing: {', '.join(missing)}" if missing else "base, sandbox and suite images present",
+        Check("images", "fail" if missing else "ok", f"missing: {', '.join(missing)}" if missing else "base, harness and suite images present",
               "make images" if missing else "")
     )
     if SANDBOX_IMAGE not in missing:

@@ -14,6 +14,7 @@ files are kept as evidence, never parsed.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import threading
 import time
@@ -37,7 +38,7 @@ from harness.sandbox.base import ROOT_CAPS, Command, Exported, ExportFile, Netwo
 from harness.sandbox.owners import LABEL_ATTEMPT, LABEL_RUN
 from harness.state import grader as grader_named
 from harness.state import state_kind
-from harness.state.base import GradePlan, Grader, ServiceRun, StateKind
+from harness.state.base import AgentInputs, GradePlan, Grader, ServiceRun, StateKind
 
 LOGS_TMPFS = 16 * MiB  # /logs in a read-only-root sandbox whose task has a verifier
 
@@ -137,6 +138,8 @@ class _Attempt:
         self.services: dict[str, Sandbox] = {}
         self.net: Network | None = None
         self.extra: list[Sandbox] = []  # a separate verifier's sandbox
+        self.inputs = AgentInputs()
+        self.root_dirs: list[str] = []  # state paths that are directories of a writable root
         self.t_start = time.monotonic()
 
     # -- the whole attempt -----------------------------------------------------
@@ -149,6 +152,7 @@ class _Attempt:
             inputs = kind.prepare(job.suite, job.task)
             plan = grader.plan(job.suite, job.task, kind)
             job.artifacts.mkdir(parents=True, exist_ok=True)
+            self.inputs = inputs
             if self._services_up([*self._declared_services(), *inputs.services]):
                 self.sb = self.p.backend.sandbox(self._sandbox_spec(inputs, plan))
                 self._attempt(kind, grader, inputs, plan)
@@ -211,6 +215,11 @@ class _Attempt:
         sbo = task.sandbox
         user = sbo.user or job.profile.user
         tmpfs = dict(inputs.tmpfs)
+        if sbo.writable_root:
+            # the engine's archive API (how a writable root is exported) cannot see into a
+            # tmpfs: the state's paths are plain directories of the root, emptied at setup
+            self.root_dirs = list(tmpfs)
+            tmpfs = {}
         verifier_here = plan.output == "reward" and plan.site == "sandbox"
         if not sbo.writable_root and (verifier_here or sbo.logs):
             tmpfs.setdefault(LOGS_DIR, LOGS_TMPFS)
@@ -273,6 +282,10 @@ class _Attempt:
                           f"{LOGS_DIR}/agent {LOGS_DIR}/verifier {LOGS_DIR}/artifacts"], "0:0"))
         elif sbo.logs or LOGS_DIR in sb.spec.tmpfs:
             cmds.append((["mkdir", "-p", f"{LOGS_DIR}/agent", f"{LOGS_DIR}/verifier", f"{LOGS_DIR}/artifacts"], None))
+        if self.root_dirs:
+            owner = sbo.user or job.profile.user or "0:0"
+            cmds.append((["sh", "-c", 'u="$1"; shift; for p; do rm -rf -- "$p" && mkdir -p -- "$p" && chown -- "$u" "$p" || exit 1; done',
+                          "sh", owner, *self.root_dirs], "0:0"))
         cmds += [(c, None) for c in inputs.setup]
         if not cmds:
             return True
@@ -355,6 +368,10 @@ class _Attempt:
     # -- grading ---------------------------------------------------------------
     def _grade(self, kind: StateKind, grader: Grader, plan: GradePlan) -> None:
         job, d, ctx, sb = self.job, self.d, self.ctx, self.sb
+        if plan.output == "verdict" and plan.site == "sandbox" and sb.spec.writable_root:
+            # a root agent with a writable root could have replaced the very python that would
+            # grade it: its state is graded in a fresh sandbox from the image instead
+            plan = dataclasses.replace(plan, site="separate", carry=kind.carry(job.suite, job.task))
         evidence = kind.exports(job.suite, job.task, job.profile)
         one_exec = plan.site == "sandbox" and plan.output == "verdict" and not sb.spec.writable_root and not plan.tests
         if not one_exec:
@@ -418,7 +435,7 @@ class _Attempt:
         job, ctx = self.job, self.ctx
         user = plan.user or job.task.sandbox.user or job.profile.user
         spec = SandboxSpec(image=plan.image or job.image or job.run.image, profile=job.profile, cpuset=job.cpuset,
-                           labels=self._labels(), with_grade_dir=True, user=user, writable_root=True,
+                           labels=self._labels(), inputs=dict(self.inputs.files), with_grade_dir=True, user=user, writable_root=True,
                            network=self.net.name if self.net else None, workdir=plan.workdir or job.task.sandbox.workdir,
                            caps=ROOT_CAPS if _root(user) else ())
         t = time.monotonic()
@@ -429,6 +446,8 @@ class _Attempt:
             for f, dest in plan.carry:
                 tar = job.artifacts / f"{f.name}.tar"
                 if tar.is_file():
+                    if f.path:  # the image's own copy of that path must not mix with the agent's
+                        sep.exec(["rm", "-rf", "--", f.path], timeout=60, user="0:0")
                     sep.put_archive(dest, tar)
         except Exception as e:
             ctx.infra = f"the separate verifier sandbox could not be made: {str(e)[:300]}"

@@ -6,15 +6,24 @@ built (the log's tail, the whole log under HARNESS_HOME/builds)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from harness.model.errors import HarnessError
 from harness.model.state import BuildSpec, VerifierGraderSpec
 from harness.model.suite import Suite, Task
 from harness.sandbox.basemap import BaseMap
 from harness.sandbox.dockerfile import DockerfileError
-from harness.sandbox.images import SUITE_LABEL, build_image, ensure_local_base, image_id, image_identity
+from harness.sandbox.images import (
+    SUITE_LABEL,
+    build_image,
+    ensure_local_base,
+    image_id,
+    image_identity,
+)
+from harness.sandbox.prewarm import REQUIREMENTS_FILE, verifier_requirements
+from harness.sandbox.prewarm import epilogue as prewarm_epilogue
 from harness.store.store import harness_home
 
 TASK_LABEL = "dev.harness.task"
@@ -32,7 +41,38 @@ class TaskImages:
     built: list[tuple[str, float]] = field(default_factory=list)  # (tag, seconds) actually built
 
 
-def _one_build(client: Any, suite: Suite, tag: str, b: BuildSpec, bmap: BaseMap, labels: dict[str, str], force: bool, out: TaskImages) -> str:
+def _verifier_scripts(suite: Suite, task: Task) -> Callable[[str], str | None]:
+    """/tests/NAME -> the text of that suite file (the verifier's own files, read at load)."""
+    g = task.grader
+    if not isinstance(g, VerifierGraderSpec):
+        return lambda _p: None
+    files = {f"/tests/{name}": rel for name, rel in g.extra.items()}
+
+    def read(path: str) -> str | None:
+        rel = files.get(path) or (f"{g.tests}/{path[len('/tests/'):]}" if g.tests and path.startswith("/tests/") else None)
+        data = suite.file_bytes(rel) if rel else None
+        return data.decode("utf-8", errors="replace") if data is not None else None
+    return read
+
+
+def _with_prewarm(suite: Suite, task: Task, b: BuildSpec, files: dict[str, Any]) -> dict[str, Any]:
+    """The build context plus, when the verifier installs packages at test time, a last layer
+    that fetches them now (``harness.sandbox.prewarm``)."""
+    g = task.grader
+    if not isinstance(g, VerifierGraderSpec) or b.dockerfile not in files:
+        return files
+    read = _verifier_scripts(suite, task)
+    scripts = [read(a) for a in g.command if a.startswith("/tests/")] + [read(f"/tests/{n}") for n in g.extra]
+    reqs = [r for text in scripts if text for r in verifier_requirements(text, read)]
+    if not reqs:
+        return files
+    data, mode = files[b.dockerfile]
+    text = data.decode("utf-8", errors="replace").rstrip("\n") + "\n" + prewarm_epilogue()
+    return {**files, b.dockerfile: (text.encode(), mode), REQUIREMENTS_FILE: ("\n".join(dict.fromkeys(reqs)).encode() + b"\n", 0o644)}
+
+
+def _one_build(client: Any, suite: Suite, task: Task, tag: str, b: BuildSpec, bmap: BaseMap, labels: dict[str, str], force: bool,
+               out: TaskImages) -> str:
     """Build (or map) one image; the tag to run."""
     if b.image:  # a prebuilt image: mapped like a FROM, never built
         try:
@@ -44,7 +84,7 @@ def _one_build(client: Any, suite: Suite, tag: str, b: BuildSpec, bmap: BaseMap,
         if local != b.image:
             out.substitutions[b.image] = f"{local}@{(image_id(client, local) or local)[:19]}"
         return local
-    files = suite.files_under(b.context)
+    files = _with_prewarm(suite, task, b, suite.files_under(b.context))
     res = build_image(client, tag, files, b.dockerfile, basemap=bmap, labels=labels, force=force, timeout=b.timeout,
                       log_dir=harness_home() / "builds", ensure_base=lambda local: ensure_local_base(client, local))
     out.substitutions.update(res.substitutions)
@@ -64,9 +104,9 @@ def build_task_images(client: Any, suite: Suite, tasks: list[Task], base_map: li
         n_built = len(out.built)
         labels = {SUITE_LABEL: suite.name, TASK_LABEL: t.id}
         try:
-            tag = _one_build(client, suite, t.image or "", t.build, bmap, labels, force, out)
+            tag = _one_build(client, suite, t, t.image or "", t.build, bmap, labels, force, out)
             if isinstance(t.grader, VerifierGraderSpec) and t.grader.build is not None and t.grader.image:
-                out.verifiers[t.id] = _one_build(client, suite, t.grader.image, t.grader.build, bmap, labels, force, out)
+                out.verifiers[t.id] = _one_build(client, suite, t, t.grader.image, t.grader.build, bmap, labels, force, out)
             out.images[t.id] = (tag, image_identity(client, tag)[1])
         except HarnessError as e:
             out.failures[t.id] = str(e)

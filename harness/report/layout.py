@@ -126,6 +126,14 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
             ["design", f"{r['n_tasks']} tasks × {r['trials']} trials · k = {ks_text(ks)} · gate k = {gk} · seed {r['run']['seed']}"],
         ],
     )
+    if idn.get("images"):
+        ident.rows.append(["task images", f"{len(idn['images'])} built per task (digests in the JSON report)"])
+    for ref, local in (idn.get("substitutions") or {}).items():
+        ident.rows.append(["base substituted", f"{ref} -> {local}"])
+    if idn.get("task_overrides") is False:
+        ident.rows.append(["task envelopes", "replaced by --profile (what each task asked for is stored with its attempts)"])
+    for task, adj in (idn.get("adjustments") or {}).items():
+        ident.rows.append(["fitted to this machine", f"{task}: {adj.get('note') or adj}"])
     if r["run"].get("note"):
         ident.rows.append(["note", r["run"]["note"]])
     sections.append(Section("identity", "Run identity", [ident]))

@@ -265,7 +265,10 @@ class DockerSandbox(Sandbox):
             name=self.name, detach=True, init=True, cpu_period=p.cpu_period_us, cpu_quota=p.quota_us,
             cpuset_cpus=",".join(str(c) for c in self.cpuset), mem_limit=p.memory, memswap_limit=p.memory,
             pids_limit=p.pids, read_only=not spec.writable_root, tmpfs=tmpfs, cap_drop=["ALL"], cap_add=list(spec.caps) or None,
-            security_opt=["no-new-privileges"], labels=labels, volumes=volumes, ipc_mode="private",
+            # no-new-privileges would also empty the capabilities of a root workload's execs (the
+            # keeper is not root); a root workload has nothing to gain by execve beyond the
+            # bounding set, which is ROOT_CAPS, so it runs without it and keeps those capabilities
+            security_opt=None if spec.caps and not self.service else ["no-new-privileges"], labels=labels, volumes=volumes, ipc_mode="private",
             stop_signal="SIGKILL", environment=dict(spec.env) or None,
         )
         if self.service:
@@ -709,7 +712,10 @@ class DockerSandbox(Sandbox):
         command = None
         if then is not None:
             for p in reset or []:
-                r = self.exec(["sh", "-c", 'rm -rf -- "$1"; mkdir -p -- "$1" && chmod 0777 -- "$1"', "sh", p], timeout=60, user=ROOT)
+                # the parent too: an agent may have made it a link or taken its permissions away
+                # (an exec'd root has no capabilities: it must own its way back in, parent first)
+                r = self.exec(["sh", "-c", 'd=$(dirname -- "$1"); if [ -L "$d" ]; then rm -f -- "$d"; fi; mkdir -p -- "$d" && '
+                               'chmod 0755 -- "$d" && rm -rf -- "$1" && mkdir -p -- "$1" && chmod 0777 -- "$1"', "sh", p], timeout=60, user=ROOT)
                 if r.exit_code != 0:
                     problems.append(f"could not empty {p}: {(r.stderr or r.stdout).strip()[-200:]}")
             command = self.exec(then.cmd, timeout=then.timeout, env=env, workdir=cwd, cap=then.cap, user=user)

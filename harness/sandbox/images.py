@@ -373,7 +373,7 @@ def _build_logs() -> Path:
 # the harness's own images: tag -> (Dockerfile in docker/, its other context files, the image it is built FROM)
 HARNESS_IMAGES: dict[str, tuple[str, tuple[str, ...], str]] = {
     SANDBOX_IMAGE: ("sandbox.Dockerfile", (), BASE_IMAGE),
-    DEBIAN_IMAGE: ("debian.Dockerfile", (), BASE_IMAGE),
+    DEBIAN_IMAGE: ("debian.Dockerfile", tuple(f"verifier-tools/{f}" for f in ("uvshim.py", "curl", "env", "harness-uv-prewarm")), BASE_IMAGE),
     PYTHON_IMAGE: ("python.Dockerfile", (), DEBIAN_IMAGE),
     POSTGRES_IMAGE: ("postgres.Dockerfile", ("pg-start.sh",), BASE_IMAGE),
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import posixpath
 import tarfile
 import tempfile
 import threading
@@ -163,7 +164,7 @@ class FilesState(StateKind):
 
     def carry(self, suite: Suite, task: Task) -> list[tuple[ExportFile, str]]:
         spec = _spec(task)
-        return [(ExportFile(f"files-{i}", spec.size, path=p, tree=True), p) for i, p in enumerate(spec.paths)]
+        return [(ExportFile(f"files-{i}", spec.size, path=p, tree=True), posixpath.dirname(p) or "/") for i, p in enumerate(spec.paths)]
 
     def expectations_plan(self, suite: Suite, task: Task) -> GradePlan:
         spec = _spec(task)

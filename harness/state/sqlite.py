@@ -139,7 +139,7 @@ class SqliteState(StateKind):
         ]
 
     def carry(self, suite: Suite, task: Task) -> list[tuple[ExportFile, str]]:
-        return [(ExportFile("state", EVIDENCE_CAP, path=WORKDIR, tree=True), WORKDIR)]
+        return [(ExportFile("state", EVIDENCE_CAP, path=WORKDIR, tree=True), "/")]  # the tree's top entry is "work"
 
     def expectations_plan(self, suite: Suite, task: Task) -> GradePlan:
         spec = {**grade_spec(task), "state_path": STATE_PATH, "fixture_path": FIXTURE_PATH}

@@ -1,0 +1,293 @@
+"""Harbor / Terminal-Bench task directories as suites, the Dockerfile translator and the base
+map: what is mapped to what, and what is refused with one line naming the file and key."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.engine.suites import load_suite
+from harness.model.errors import SuiteError
+from harness.sandbox.basemap import BaseMap
+from harness.sandbox.dockerfile import DockerfileError, translate
+
+HARBOR_TOML = """\
+version = "1.0"
+artifacts = ["/app/out.txt"]
+[task]
+name = "acme/{name}"
+description = "Write out.txt"
+[metadata]
+difficulty = "easy"
+category = "text"
+tags = ["a", "b"]
+[verifier]
+timeout_sec = 45.0
+{verifier}
+[agent]
+timeout_sec = 90.0
+[environment]
+cpus = 1.5
+memory_mb = 768
+storage_mb = 2048
+allow_internet = false
+workdir = "/app"
+env = {{ MODE = "test" }}
+{env}
+{extra}
+"""
+
+
+def harbor_task(root: Path, name: str = "hello", verifier: str = "", env: str = "", extra: str = "",
+                test_sh: bool = True, dockerfile: str = "FROM python:3.12-slim\nWORKDIR /app\n") -> Path:
+    d = root / name
+    (d / "environment").mkdir(parents=True)
+    (d / "tests").mkdir()
+    (d / "solution").mkdir()
+    (d / "task.toml").write_text(HARBOR_TOML.format(name=name, verifier=verifier, env=env, extra=extra))
+    (d / "instruction.md").write_text("Write hello to /app/out.txt.\n")
+    (d / "environment" / "Dockerfile").write_text(dockerfile)
+    if test_sh:
+        (d / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (d / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/out.txt\n")
+    return d
+
+
+def load_error(path: Path) -> str:
+    with pytest.raises(SuiteError) as e:
+        load_suite(str(path))
+    return str(e.value)
+
+
+def test_harbor_fields_map_to_the_task(tmp_path):
+    harbor_task(tmp_path)
+    s = load_suite(str(tmp_path))
+    assert s.format == "harbor" and [t.id for t in s.tasks] == ["hello"]
+    t = s.tasks[0]
+    env = t.envelope
+    assert env.cpus == 1.5 and env.cores == 2
+    assert env.memory == 768 * 2**20 and env.storage == 2048 * 2**20
+    assert env.network == "none"  # allow_internet = false
+    assert env.timeouts == {"agent": 90.0, "grade": 45.0}
+    assert t.state_kind == "container" and t.state.artifacts == ["/app/out.txt"]
+    g = t.grader
+    assert g.kind == "verifier" and g.command == ["bash", "/tests/test.sh"] and g.mode == "shared" and g.threshold == 1.0
+    assert t.sandbox.workdir == "/app" and t.sandbox.writable_root and t.sandbox.logs
+    assert t.sandbox.env == {"MODE": "test"}
+    assert t.solution and t.build is not None and t.build.dockerfile == "Dockerfile"
+    assert {"a", "b", "difficulty:easy", "category:text"} <= set(t.tags)
+    assert t.prompt.startswith("Write hello")
+
+
+def test_one_task_directory_is_a_suite_too(tmp_path):
+    d = harbor_task(tmp_path, "solo")
+    s = load_suite(str(d))
+    assert [t.id for t in s.tasks] == ["solo"]
+
+
+def test_separate_verifier_and_its_own_image(tmp_path):
+    d = harbor_task(tmp_path, verifier='environment_mode = "separate"')
+    (d / "tests" / "Dockerfile").write_text("FROM python:3.12-slim\n")
+    t = load_suite(str(tmp_path)).tasks[0]
+    assert t.grader.mode == "separate" and t.grader.build is not None and t.grader.image.endswith("-verifier:latest")
+
+
+@pytest.mark.parametrize("extra,file,key", [
+    ('[[steps]]\nname = "one"\n', "task.toml", "steps"),
+    ("", "task.toml", "environment.gpus"),
+    ("", "task.toml", "environment.os"),
+    ("", "task.toml", "environment.network_mode"),
+    ("", "task.toml", "environment.env.TOKEN"),
+])
+def test_unsupported_harbor_parts_are_refused_in_one_line(tmp_path, extra, file, key):
+    env = {"environment.gpus": "gpus = 1", "environment.os": 'os = "windows"', "environment.network_mode": 'network_mode = "host"',
+           "environment.env.TOKEN": ""}.get(key, "")
+    d = harbor_task(tmp_path, extra=extra, env=env)
+    if key == "environment.env.TOKEN":
+        p = d / "task.toml"
+        p.write_text(p.read_text().replace('env = { MODE = "test" }', 'env = { MODE = "test", TOKEN = "${API_TOKEN}" }'))
+    msg = load_error(tmp_path)
+    line = next(ln for ln in msg.splitlines() if key in ln)
+    assert file in line and "hello" in line, msg
+    assert "Traceback" not in msg
+
+
+def test_compose_environment_is_refused_naming_the_file(tmp_path):
+    d = harbor_task(tmp_path)
+    (d / "environment" / "docker-compose.yaml").write_text("services: {}\n")
+    msg = load_error(tmp_path)
+    assert "environment/docker-compose.yaml" in msg and "compose" in msg
+
+
+def test_missing_test_sh_is_refused_unless_the_harness_table_grades(tmp_path):
+    harbor_task(tmp_path, "a", test_sh=False)
+    assert "tests/test.sh" in load_error(tmp_path)
+    other = tmp_path / "other"
+    harbor_task(other, "b", test_sh=False, extra=textwrap.dedent("""\
+        [harness]
+        allow = ["/app/out.txt"]
+        [harness.state]
+        kind = "files"
+        paths = { "/app" = "environment" }
+        [[harness.expect]]
+        path = "/app/out.txt"
+        contains = "hello"
+        """))
+    t = load_suite(str(other)).tasks[0]
+    assert t.state_kind == "files" and t.grader_kind == "expectations"
+    # the fixture path is the task's own directory, relative to the suite
+    assert list(t.state.paths.values()) == ["b/environment"]
+
+
+def test_unknown_harness_key_is_named(tmp_path):
+    harbor_task(tmp_path, extra="[harness]\nservise = 1\n")
+    assert "harness.servise" in load_error(tmp_path)
+
+
+def test_terminal_bench_task_yaml(tmp_path):
+    d = tmp_path / "tb-hello"
+    (d / "tests").mkdir(parents=True)
+    (d / "task.yaml").write_text(textwrap.dedent("""\
+        instruction: |
+          Create /app/hello.txt containing "Hello, world!".
+        author_name: someone
+        difficulty: easy
+        category: file-operations
+        tags: [files]
+        max_agent_timeout_sec: 240
+        max_test_timeout_sec: 30
+        """))
+    (d / "Dockerfile").write_text("FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\nWORKDIR /app\n")
+    (d / "run-tests.sh").write_text("#!/bin/bash\nbash /tests/check.sh\n")
+    (d / "tests" / "check.sh").write_text("#!/bin/bash\ntest -f /app/hello.txt\n")
+    (d / "solution.sh").write_text("#!/bin/bash\necho 'Hello, world!' > /app/hello.txt\n")
+    s = load_suite(str(tmp_path))
+    assert s.format == "terminal-bench"
+    t = s.tasks[0]
+    assert t.id == "tb-hello" and t.prompt.startswith("Create /app/hello.txt")
+    assert t.envelope.timeouts == {"agent": 240, "grade": 30}
+    assert t.grader.kind == "verifier" and t.grader.reward == "exit"
+    assert "run-tests.sh" in t.grader.extra and t.solution
+
+
+def test_terminal_bench_compose_with_more_than_one_service_is_refused(tmp_path):
+    d = tmp_path / "multi"
+    d.mkdir()
+    (d / "task.yaml").write_text("instruction: do it\n")
+    (d / "Dockerfile").write_text("FROM ubuntu:24.04\n")
+    (d / "run-tests.sh").write_text("true\n")
+    (d / "docker-compose.yaml").write_text(textwrap.dedent("""\
+        services:
+          client:
+            build: {context: .}
+          server:
+            image: redis:7
+        """))
+    msg = load_error(tmp_path)
+    assert "docker-compose.yaml" in msg and "Traceback" not in msg
+
+
+# -- the Dockerfile translator -------------------------------------------------------------
+
+LOCAL = {"python:3.12-slim": "harness/python:bookworm", "ubuntu:24.04": "harness/debian:bookworm"}
+
+
+def _resolve(ref: str) -> str:
+    return LOCAL[ref.split("@")[0]]
+
+
+def test_translator_maps_bases_and_passes_the_ca_to_every_stage():
+    df = textwrap.dedent("""\
+        # syntax=docker/dockerfile:1.4
+        ARG BASE=python:3.12-slim
+        FROM ${BASE}@sha256:0123 AS build
+        RUN --mount=type=cache,target=/root/.cache pip install requests
+        COPY --link --chmod=755 run.sh /usr/local/bin/run.sh
+        FROM ubuntu:24.04
+        COPY --from=build /usr/local/bin/run.sh /run.sh
+        """)
+    tr = translate(df, _resolve, b"-----BEGIN CERTIFICATE-----\n")
+    lines = tr.text.splitlines()
+    froms = [ln for ln in lines if ln.startswith("FROM")]
+    assert froms == ["FROM harness/python:bookworm AS build", "FROM harness/debian:bookworm"]
+    assert tr.bases == {"python:3.12-slim@sha256:0123": "harness/python:bookworm", "ubuntu:24.04": "harness/debian:bookworm"}
+    # every stage trusts the host's CA for pip, requests, curl, git and apt
+    for var in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "APT_CONFIG"):
+        assert sum(ln.startswith(f"ARG {var}=") for ln in lines) == 2
+    assert ".harness-build-ca.pem" in tr.files and tr.files[".harness-build-ca.pem"].startswith(b"-----BEGIN")
+    assert "RUN pip install requests" in lines  # the cache mount dropped, the command kept
+    assert "COPY run.sh /usr/local/bin/run.sh" in lines and "RUN chmod -R 755 /usr/local/bin/run.sh" in lines
+    assert "COPY --from=build /usr/local/bin/run.sh /run.sh" in lines
+    assert any("cache" in n for n in tr.notes) and any("--chmod" in n for n in tr.notes)
+    assert not any("syntax=" in ln for ln in lines)
+
+
+def test_translator_runs_heredocs_as_scripts():
+    tr = translate("FROM ubuntu:24.04\nRUN <<EOT\nset -e\necho hi > /hello\nEOT\n", _resolve, None)
+    run = [ln for ln in tr.text.splitlines() if ln.startswith("RUN")]
+    assert len(run) == 1 and "base64 -d" in run[0]
+    import base64
+    import re
+    body = base64.b64decode(re.search(r"echo (\S+) \| base64 -d", run[0]).group(1)).decode()
+    assert body == "set -e\necho hi > /hello\n"
+
+
+@pytest.mark.parametrize("line,word", [
+    ("RUN --mount=type=secret,id=tok cat /run/secrets/tok", "secret"),
+    ("RUN --mount=type=ssh git clone git@host:x", "ssh"),
+])
+def test_translator_refuses_what_needs_buildkit_naming_the_line(line, word):
+    with pytest.raises(DockerfileError) as e:
+        translate(f"FROM ubuntu:24.04\n{line}\n", _resolve, None)
+    assert "line 2" in str(e.value) and word in str(e.value)
+
+
+# -- the base map ------------------------------------------------------------------------
+
+def test_base_map_order_user_then_suite_then_local_then_defaults():
+    present = {"node:20": True}.get
+    bm = BaseMap.parse(["python:3.12-slim=my/python:local"], {"ubuntu:*": "my/ubuntu:local"})
+    assert bm.resolve("python:3.12-slim", lambda r: False) == "my/python:local"
+    assert bm.resolve("docker.io/library/python:3.12-slim@sha256:ab", lambda r: False) == "my/python:local"
+    assert bm.resolve("ubuntu:22.04", lambda r: False) == "my/ubuntu:local"
+    assert bm.resolve("node:20", lambda r: bool(present(r))) == "node:20"  # the engine has it: used as it is
+    plain = BaseMap.parse(None)
+    assert plain.resolve("python:3.11-slim-bookworm", lambda r: False) == "harness/python:bookworm"
+    assert plain.resolve("debian:bookworm-slim", lambda r: False) == "harness/debian:bookworm"
+    assert plain.resolve("ghcr.io/laude-institute/t-bench/ubuntu-24-04:latest", lambda r: False) == "harness/debian:bookworm"
+    with pytest.raises(DockerfileError) as e:
+        plain.resolve("node:20", lambda r: False)
+    assert "--base-map" in str(e.value) and "node:20" in str(e.value)
+    with pytest.raises(ValueError):
+        BaseMap.parse(["python:3.12-slim"])
+
+
+# -- what a verifier installs at test time, fetched at build time ---------------------------
+
+def test_verifier_requirements_from_common_test_scripts():
+    from harness.sandbox.prewarm import verifier_requirements
+
+    uvx = textwrap.dedent("""\
+        apt-get update
+        apt-get install -y curl
+        curl -LsSf https://astral.sh/uv/0.9.7/install.sh | sh
+        source $HOME/.local/bin/env
+        uvx \\
+          -p 3.13 \\
+          -w pytest==8.4.1 \\
+          -w pytest-json-ctrf==0.3.5 \\
+          pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA -p no:cacheprovider
+        """)
+    assert verifier_requirements(uvx) == ["pytest==8.4.1", "pytest-json-ctrf==0.3.5", "pytest"]
+    venv = textwrap.dedent("""\
+        uv venv .tbench-testing > /dev/null 2>&1
+        source .tbench-testing/bin/activate
+        uv pip install pytest==8.4.1 'requests>=2,<3' -r /tests/requirements.txt > /dev/null 2>&1
+        python3 -m pip install --index-url https://example.invalid/simple $EXTRA ./local.whl numpy
+        uv run --with pandas==2.2.3 pytest /tests
+        """)
+    files = {"/tests/requirements.txt": "httpx==0.27.0  # pinned\n\n"}
+    assert verifier_requirements(venv, files.get) == ["pytest==8.4.1", "requests>=2,<3", "httpx==0.27.0", "numpy", "pandas==2.2.3"]
+    assert verifier_requirements("#!/bin/bash\npython3 /tests/check.py\n") == []
