@@ -4,7 +4,7 @@
 #
 # It also carries what Harbor verifiers usually fetch at test time and cannot offline:
 # curl, and uv (from PyPI) behind the shims in verifier-tools/ (uvx -p 3.13 runs on this
-# image's python3; astral.sh's installer is answered locally; ~/.local/bin/env exists).
+# image's python3; astral.sh's installer is answered locally; ~/.local/bin/env exists; packages a verifier names are prefetched into /opt/harness/wheels).
 ARG BASE=harness/base:bookworm
 FROM ${BASE}
 RUN printf 'APT::Sandbox::User "root";\n' > /etc/apt/apt.conf.d/99harness-no-sandbox-user
@@ -18,6 +18,6 @@ COPY verifier-tools/curl verifier-tools/harness-uv-prewarm /usr/local/bin/
 COPY verifier-tools/env /root/.local/bin/env
 RUN chmod 0755 /usr/local/lib/harness-uv/uvshim.py /usr/local/bin/curl /usr/local/bin/harness-uv-prewarm \
  && for t in uv uvx; do ln -s /usr/local/lib/harness-uv/uvshim.py /usr/local/bin/$t; ln -s /usr/local/bin/$t /root/.local/bin/$t; done \
- && mkdir -p /root/.cargo/bin /opt/harness/uv-cache && ln -s /usr/local/bin/uv /root/.cargo/bin/uv && chmod 0777 /opt/harness/uv-cache
+ && mkdir -p /root/.cargo/bin /opt/harness/wheels && ln -s /usr/local/bin/uv /root/.cargo/bin/uv
 ENV LANG=C.UTF-8
 CMD ["/bin/bash"]

@@ -72,6 +72,10 @@ FILES_SUITE = {
             os.symlink("/etc/passwd", root / "data" / "passwd")
         if task == "toml":
             (root / "app.toml").write_text('[db]\\nport = 5433\\n')
+        if task == "midlink":
+            os.makedirs("/tmp/x", exist_ok=True)
+            pathlib.Path("/tmp/x/x.txt").write_text("ok")
+            os.symlink("/tmp/x", root / "data" / "sub")
         ''']
         """,
     "fixtures/cfg/config.json": '{"server": {"host": "0.0.0.0", "port": 80}}\n',
@@ -82,7 +86,7 @@ FILES_SUITE = {
         title = "set the port"
         prompt = "Set server.port to 8080 in config.json"
         unchanged = ["/work/app/data/keep.txt"]
-        allow = ["/work/app/config.json"{', "/work/app/app.toml"' if t == "toml" else ""}]
+        allow = ["/work/app/config.json"{', "/work/app/app.toml"' if t == "toml" else ""}{', "/work/app/data/sub"' if t == "midlink" else ""}]
         [state]
         path = "/work/app"
         fixture = "fixtures/cfg"
@@ -100,7 +104,10 @@ FILES_SUITE = {
         path = "/work/app/app.toml"
         toml = "db.port"
         equals = 5433''' if t == "toml" else ""}
-        """ for t in ("fix", "extra", "link", "toml")},
+        {'''[[expect]]
+        path = "/work/app/data/sub/x.txt"
+        contains = "ok"''' if t == "midlink" else ""}
+        """ for t in ("fix", "extra", "link", "toml", "midlink")},
 }
 
 
@@ -108,7 +115,9 @@ def test_files_state_graded_by_expectations_extra_effects_and_links(docker_clien
     suite = write(tmp_path / "suite", FILES_SUITE)
     out, store = run_json(tmp_path, suite)
     tasks = by_task(store, out["run_id"])
-    assert {t: [a.outcome for a in v] for t, v in tasks.items()} == {"fix": ["pass"], "toml": ["pass"], "extra": ["fail"], "link": ["fail"]}
+    assert {t: [a.outcome for a in v] for t, v in tasks.items()} == {"fix": ["pass"], "toml": ["pass"], "extra": ["fail"], "link": ["fail"],
+                                                                   "midlink": ["fail"]}
+    assert "goes through /work/app/data/sub, which is a link" in tasks["midlink"][0].grade_reason
     extra = tasks["extra"][0]
     assert extra.failure_kind == "wrong_state" and "extra effect" in extra.grade_reason and "/work/app/data/notes.txt" in extra.grade_reason
     link = tasks["link"][0]
@@ -159,6 +168,7 @@ case "$HARNESS_TASK_ID" in
           (while :; do echo 1 > /logs/verifier/reward.txt 2>/dev/null; sleep 0.05; done) & ;;
   vandal) rm -rf /logs/verifier; mkdir -p /tests; echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh; chmod 000 /logs ;;
   hang|garbage|json|ctrf|separate) echo hello > /app/out.txt; echo agent-only > /app/other.txt ;;
+  smuggle) ln -s /tests/expected.txt /app/out.txt ;;
 esac
 exit 0
 """
@@ -189,8 +199,12 @@ def test_verifier_shared_and_separate_rewards_and_tampering(docker_client, tmp_p
         """, verifier='timeout_sec = 20.0\nenvironment_mode = "separate"')
     write(s, {"harness.toml": 'name = "shapes-harbor"\nagent_cmd = ["bash", "/harness/agent/agent.sh"]\nagent_dir = "agent"\n'
                               'trials = 1\nk = [1]\nmax_reruns = 0\n', "agent/agent.sh": AGENT})
+    harbor(s, "smuggle", "#!/bin/bash\nif cmp -s /app/out.txt /tests/expected.txt; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
+           verifier='timeout_sec = 20.0\nenvironment_mode = "separate"', extra_files={"tests/expected.txt": "the answer\n"})
     out, store = run_json(tmp_path, s, ok=False)
     tasks = {t: v[0] for t, v in by_task(store, out["run_id"]).items()}
+    smuggle = tasks["smuggle"]
+    assert smuggle.outcome == "fail" and "not carried" in (smuggle.error or ""), (smuggle.grade_reason, smuggle.error)
 
     peek = tasks["peek"]
     assert peek.outcome == "pass"
@@ -200,6 +214,8 @@ def test_verifier_shared_and_separate_rewards_and_tampering(docker_client, tmp_p
 
     forge = tasks["forge"]
     assert forge.outcome == "fail" and forge.failure_kind == "ungradable" and forge.reward is None, forge.grade_reason
+    with tarfile.open(Path(forge.artifacts) / "verifier-dir-before-grading.tar") as tf:  # the forgery is kept as evidence
+        assert any(m.name.endswith("reward.txt") for m in tf.getmembers()), tf.getnames()
     vandal = tasks["vandal"]
     assert vandal.outcome == "fail" and vandal.reward == 0.0, vandal.grade_reason
 
@@ -240,9 +256,18 @@ SERVICE_SUITE = {
         k = [1]
         max_reruns = 1
         agent_cmd = ["python3", "-c", '''
-        import os, pathlib, urllib.request
+        import os, pathlib, socket, urllib.request
         body = urllib.request.urlopen("http://api:8000/answer.txt", timeout=10).read().decode()
         pathlib.Path(os.environ["HARNESS_STATE"], "answer.txt").write_text(body)
+        gws = []
+        for line in open("/proc/net/route").read().splitlines()[1:]:
+            f = line.split()
+            if f[2] != "00000000":
+                gws.append(socket.inet_ntoa(bytes.fromhex(f[2])[::-1]))
+        for host in [*gws, "172.17.0.1"]:
+            s = socket.socket()
+            s.settimeout(2)
+            print("host-reach", host, s.connect_ex((host, int(os.environ["HOST_PORT"]))))
         ''']
         """,
     "tasks/ask.toml": """\
@@ -283,12 +308,23 @@ SERVICE_SUITE = {
 
 
 def test_services_reachable_by_name_measured_and_removed_and_unhealthy_is_infra(docker_client, tmp_path):
+    import http.server
+    import threading
+
+    host = http.server.ThreadingHTTPServer(("0.0.0.0", 0), http.server.SimpleHTTPRequestHandler)  # on every host address
+    threading.Thread(target=host.serve_forever, daemon=True).start()
     suite = write(tmp_path / "svc", SERVICE_SUITE)
-    out, store = run_json(tmp_path, suite, ok=False)
+    (suite / "suite.toml").write_text((suite / "suite.toml").read_text() + f'[agent_env]\nHOST_PORT = "{host.server_address[1]}"\n')
+    try:
+        out, store = run_json(tmp_path, suite, ok=False)
+    finally:
+        host.shutdown()
     tasks = by_task(store, out["run_id"])
     ask = tasks["ask"]
     assert [a.outcome for a in ask] == ["pass", "pass"]
     for a in ask:
+        reach = [ln.split() for ln in (Path(a.artifacts) / "stdout.txt").read_text().splitlines() if ln.startswith("host-reach")]
+        assert reach and all(r[2] != "0" for r in reach), reach  # the host is not reachable from the attempt's network
         svc = a.services["api"]
         assert svc["image"] == "harness/sandbox:latest" and svc["counters"], svc
         assert svc["envelope_applied"]["memory_max"] == 64 * 2**20
@@ -310,7 +346,20 @@ PG_SUITE = {
         trials = 2
         k = [1]
         state_sql = ["schema.sql"]
-        agent_cmd = ["sh", "-c", "psql -v ON_ERROR_STOP=1 -c \\"UPDATE accounts SET balance = balance - 50 WHERE id = 1; UPDATE accounts SET balance = balance + 50 WHERE id = 2;\\" && if [ \\"$HARNESS_TASK_ID\\" = sloppy ]; then psql -c \\"INSERT INTO audit(note) VALUES ('manual');\\"; fi"]
+        agent_cmd = ["sh", "/harness/agent/agent.sh"]
+        agent_dir = "agent"
+        """,
+    "agent/agent.sh": """\
+        set -e
+        if [ "$HARNESS_TASK_ID" = forge ]; then
+          # look-alike tables in a schema of its own, put first on the database's search_path
+          psql -v ON_ERROR_STOP=1 -c "CREATE SCHEMA forge" \\
+               -c "CREATE VIEW forge.accounts AS SELECT 1 AS id, 50::numeric AS balance UNION ALL SELECT 2, 70.5" \\
+               -c "ALTER DATABASE app SET search_path = forge, public"
+          exit 0
+        fi
+        psql -v ON_ERROR_STOP=1 -c "UPDATE accounts SET balance = balance - 50 WHERE id = 1; UPDATE accounts SET balance = balance + 50 WHERE id = 2;"
+        if [ "$HARNESS_TASK_ID" = sloppy ]; then psql -c "INSERT INTO audit(note) VALUES ('manual');"; fi
         """,
     "schema.sql": """\
         CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance numeric(12,2) NOT NULL);
@@ -326,7 +375,7 @@ PG_SUITE = {
         name = "balances"
         query = "SELECT id, balance FROM accounts ORDER BY id"
         rows = [[1, 50], [2, 70.5]]
-        """ for t in ("transfer", "sloppy")},
+        """ for t in ("transfer", "sloppy", "forge")},
 }
 
 
@@ -340,6 +389,12 @@ def test_postgres_state_per_attempt_database_graded_with_full_diff(docker_client
     assert all(a.outcome == "fail" and "extra effect" in a.grade_reason and "audit" in a.grade_reason for a in sloppy)
     for a in tasks["transfer"]:
         assert "db" in a.services and a.services["db"]["counters"]
+    # a search_path the agent set on its database does not reach the grader's sessions
+    forge = tasks["forge"]
+    assert all(a.outcome == "fail" for a in forge), [a.grade_reason for a in forge]
+    assert all("expected" in a.grade_reason or "forge" in a.grade_reason for a in forge), [a.grade_reason for a in forge]
+    checks = " ".join(c.get("detail") or "" for c in forge[0].grade_checks)
+    assert "new setting on database app" in checks and "search_path=forge" in checks, forge[0].grade_checks
     assert leftovers(docker_client, out["run_id"]) == []
 
 
@@ -416,6 +471,9 @@ def test_verifiers_that_fetch_uv_and_pytest_at_test_time_work_offline(docker_cli
         harbor(s, name, script, solve='echo "Hello, world!" > /app/greeting.txt\n', artifacts="[]",
                extra_files={"tests/test_outputs.py": PUBLIC_TESTS_PY})
         (s / name / "environment" / "Dockerfile").write_text(f"FROM {base}\nWORKDIR /app\n")
+    # a prebuilt image (cannot be pulled offline) beside a Dockerfile: the Dockerfile is built
+    toml = s / "uvx-style" / "task.toml"
+    toml.write_text(toml.read_text().replace("[environment]\n", '[environment]\ndocker_image = "example.invalid/prebuilt:1"\n'))
     r = run_cli(tmp_path, "suites", "check", str(s), "--db", f"sqlite:///{tmp_path}/h.db", "--json")
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     doc = json.loads(r.stdout)
@@ -424,3 +482,49 @@ def test_verifiers_that_fetch_uv_and_pytest_at_test_time_work_offline(docker_cli
     oracle = [a for a in store.attempts(doc["runs"][0]) if a.task_id == "uvx-style"][0]
     said = (Path(oracle.artifacts) / "verifier-stderr.txt").read_text()
     assert "using this image's /usr/bin/python3" in said and "installer was not fetched" in said
+    run = store.get_run(doc["runs"][0])
+    assert "built here from" in run.identity.substitutions["example.invalid/prebuilt:1"]
+
+
+def test_terminal_bench_task_yaml_with_its_sourced_helpers_passes_with_oracle(docker_client, tmp_path):
+    write(tmp_path / "tb" / "hello-tb", {
+        "task.yaml": "instruction: Create hello.txt in the current directory containing Hello, world!\n"
+                     "parser_name: pytest\nmax_agent_timeout_sec: 60\nmax_test_timeout_sec: 60\n",
+        "Dockerfile": "FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\nWORKDIR /app\n",
+        "run-tests.sh": "#!/bin/bash\nsource $TEST_DIR/setup-uv-pytest.sh\nbash $TEST_DIR/run-uv-pytest.sh\n",
+        "solution.sh": "#!/bin/bash\necho 'Hello, world!' > hello.txt\n",
+        "tests/test_outputs.py": "from pathlib import Path\n\ndef test_hello():\n    assert Path('/app/hello.txt').read_text().strip() == 'Hello, world!'\n",
+    })
+    out, store = run_json(tmp_path, tmp_path / "tb", "--agent", "oracle", "--trials", "1", "--k", "1")
+    [a] = store.attempts(out["run_id"])
+    assert a.outcome == "pass" and a.reward == 1.0, (a.grade_reason, a.error)
+
+
+def test_a_verifier_directory_the_agent_locked_is_never_read_as_its_reward(docker_client, tmp_path):
+    # read-only root (a native suite): /logs is the agent's own tmpfs, so it can chmod it
+    suite = write(tmp_path / "lock", {
+        "suite.toml": """\
+            name = "shapes-lock"
+            image = "harness/sandbox:latest"
+            dockerfile = ""
+            state = "files"
+            trials = 1
+            k = [1]
+            max_reruns = 0
+            agent_cmd = ["sh", "-c", "echo 1 > /logs/verifier/reward.txt; chmod 444 /logs/verifier/reward.txt; chmod 555 /logs/verifier; chmod 555 /logs; cp /usr/bin/python3 /tmp/unittest.py 2>/dev/null; true"]
+            """,
+        "tests/check/test.sh": "#!/bin/sh\necho 0 > /logs/verifier/reward.txt\n",
+        "tasks/t.toml": """\
+            id = "t"
+            title = "locked verifier dir"
+            prompt = "nothing"
+            [state]
+            path = "/work/out"
+            [grader]
+            kind = "verifier"
+            tests = "tests/check"
+            """,
+    })
+    out, store = run_json(tmp_path, suite, ok=False)
+    [a] = store.attempts(out["run_id"])
+    assert a.outcome == "fail" and a.reward in (None, 0.0), (a.reward, a.grade_reason, a.error)

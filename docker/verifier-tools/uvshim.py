@@ -4,9 +4,10 @@
 Harbor verifiers commonly run `curl -LsSf https://astral.sh/uv/.../install.sh | sh`, then
 `uvx -p 3.13 -w pytest==8.4.1 ... pytest`. Offline neither the installer nor a managed
 Python 3.13 can be fetched. This image has uv preinstalled (from PyPI, at image build) and
-the packages a task's verifier names prefetched into /opt/harness/uv-cache at the task's
-build, so here `-p/--python X` is replaced by the image's python3 (said on stderr, kept in
-the verifier's output), and uv runs offline when PyPI cannot be reached.
+the packages a task's verifier names downloaded as wheels into /opt/harness/wheels (root's,
+read-only) at the task's build, so here `-p/--python X` is replaced by the image's python3
+(said on stderr, kept in the verifier's output), and when PyPI cannot be reached uv runs
+offline from those wheels only.
 """
 import os
 import socket
@@ -15,6 +16,7 @@ import sys
 
 REAL = "/usr/local/lib/harness-uv/bin/"
 SYSTEM_PYTHON = "/usr/bin/python3"
+WHEELS = "/opt/harness/wheels"
 # uv / uvx options that take a value (so the tool name after them is found)
 VALUED = {"-w", "--with", "--from", "--with-editable", "--with-requirements", "--index", "--index-url", "--default-index",
           "--extra-index-url", "-f", "--find-links", "--cache-dir", "--directory", "--project", "--config-file", "-c",
@@ -74,7 +76,6 @@ def main() -> int:
         rest, asked = strip_python(argv[head:], stop_at_command=bool(sub) and sub[0] in PASSTHROUGH)
         argv = argv[:head] + rest
     env = dict(os.environ)
-    env.setdefault("UV_CACHE_DIR", "/opt/harness/uv-cache")
     env.setdefault("UV_PYTHON_DOWNLOADS", "never")
     env.setdefault("UV_PYTHON_PREFERENCE", "only-system")
     env.setdefault("UV_LINK_MODE", "copy")
@@ -88,6 +89,9 @@ def main() -> int:
         argv = argv[:head] + ["--python", SYSTEM_PYTHON] + argv[head:]
     if not env.get("HARNESS_BUILD") and "UV_OFFLINE" not in env and not online():
         env["UV_OFFLINE"] = "1"
+        if os.path.isdir(WHEELS):
+            env.setdefault("UV_FIND_LINKS", WHEELS)
+            env.setdefault("UV_NO_INDEX", "1")
     os.execve(REAL + tool, [REAL + tool, *argv], env)
     return 127
 

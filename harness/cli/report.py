@@ -172,7 +172,7 @@ def gate(
     """
     from harness.core.aggregate import task_outcomes
     from harness.report.build import check_k
-    from harness.report.gate import check_baseline, check_per_task, check_requirement, parse_per_task, parse_requirement
+    from harness.report.gate import GateCheck, check_baseline, check_per_task, check_requirement, parse_per_task, parse_requirement
 
     if not require and not per_task and baseline is None:
         die("nothing to check: pass --require 'pass^4>=0.9', --per-task 'pass^4==1:0.9' or --baseline RUN")
@@ -190,6 +190,9 @@ def gate(
     outs = task_outcomes(row, attempts)
     checks = [check_requirement(r, outs) for r in reqs]
     checks += [check_per_task(r, share, outs, text) for (r, share), text in pts]
+    if row.excluded:  # a task that could not run is not a task that passed
+        checks.append(GateCheck("every task ran", False, f"{len(row.excluded)} task(s) of the suite could not run here and are in "
+                                "no figure", [f"{t}: {why.splitlines()[0][:200]}" for t, why in sorted(row.excluded.items())]))
     notes: list[str] = []
     if row.status != "complete":
         notes.append(f"run {row.id} is {row.status}; judging the slots measured so far")

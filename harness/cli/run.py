@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from harness.cli.app import DB_HELP, console, die, err, fmt3
+from harness.cli.app import DB_HELP, EXIT_INFRA, console, die, err, fmt3
 from harness.cli.progress import ProgressDisplay, sigterm_as_interrupt
 
 _fmt = fmt3
@@ -116,11 +116,18 @@ def run(
     wall = time.monotonic() - t0
     summary = summarize(runner.store.get_run(r.id), runner.store.attempts(r.id))
     summary["wall_s"] = round(wall, 1)
+    not_run = dict(runner.store.get_run(r.id).excluded or {})
+    summary["not_run"] = not_run
     if json_out:
         print(json.dumps(summary, indent=2))
-        return
-    print_summary(summary)
-    console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}   per-attempt: harness trials {r.id}[/]")
+    else:
+        print_summary(summary)
+        console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}   per-attempt: harness trials {r.id}[/]")
+    if not_run:  # the figures cover fewer tasks than the suite has: not a clean exit
+        if not json_out:
+            err.print(f"[yellow]{len(not_run)} task(s) could not run here[/] and are in no figure: {', '.join(sorted(not_run))} "
+                      "(exit 3; the reasons are above and in `harness report`)", highlight=False)
+        raise typer.Exit(EXIT_INFRA)
 
 
 def print_run_notes(r: Any) -> None:

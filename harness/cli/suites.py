@@ -75,7 +75,8 @@ def show(
         print(json.dumps({"name": s.name, "format": s.format, "tasks": [
             {"id": t.id, "title": t.title, "tags": list(t.tags), "state": t.state_kind, "grader": t.grader_kind,
              "image": t.image or s.image, "services": [x.name for x in (*s.services, *t.services)],
-             "envelope": t.envelope.model_dump(exclude_none=True) if t.envelope else {}} for t in s.tasks]}, indent=2))
+             "envelope": t.envelope.model_dump(exclude_none=True) if t.envelope else {}} for t in s.tasks],
+            "refused": dict(s.refused)}, indent=2))
         return
     t = Table(title=f"{s.name} ({s.format}): {s.description}" if s.description else f"{s.name} ({s.format})")
     for c in ("task", "title", "state / grader", "services", "envelope override"):
@@ -83,8 +84,25 @@ def show(
     for task in s.tasks:
         ov = task.envelope.model_dump(exclude_none=True) if task.envelope else {}
         svcs = ", ".join(x.name for x in (*s.services, *task.services)) + (" db" if task.state_kind == "postgres" else "")
-        t.add_row(task.id, Text(task.title[:70]), f"{task.state_kind} / {task.grader_kind}", svcs.strip(), json.dumps(ov) if ov else "")
+        t.add_row(task.id, Text(task.title[:70]), f"{task.state_kind} / {task.grader_kind}", svcs.strip(), _envelope_text(ov))
+    for tid, why in sorted(s.refused.items()):
+        t.add_row(tid, Text(why.splitlines()[0][:200], style="red"), "cannot run here", "", "")
     console.print(t)
+
+
+def _envelope_text(ov: dict[str, Any]) -> str:
+    """cpus 1.5 · memory 768 MiB · agent 90s · network none (what a task asks for, readable)."""
+    from harness.model.units import format_size
+
+    parts = []
+    for k, v in ov.items():
+        if k in ("memory", "storage", "grade_memory") and isinstance(v, int):
+            parts.append(f"{k} {format_size(v)}")
+        elif k == "timeouts" and isinstance(v, dict):
+            parts += [f"{p} {t:g}s" for p, t in v.items()]
+        else:
+            parts.append(f"{k} {v}")
+    return " · ".join(parts)
 
 
 @suites_app.command("check")

@@ -17,12 +17,14 @@ Harbor ``task.toml``               harness
 instruction.md                     the prompt
 [agent] timeout_sec / user         timeouts.agent / the agent's user (default: the image's)
 [verifier] timeout_sec / env/user  timeouts.grade / the verifier's environment and user
+                                   (default: the image's user, as Harbor)
 [verifier] environment_mode        grader.mode (shared | separate; tests/Dockerfile builds
                                    a separate verifier's image)
-[environment] cpus / memory(_mb)   cpus (cores = ceil(cpus)) / memory
+[environment] cpus / memory(_mb)   cpus (cores = ceil(cpus)) / memory; Harbor's defaults
+                                   (1 cpu, 2048 MB, 10240 MB storage) when absent
 [environment] storage(_mb)         storage (writable root; enforced where the engine can)
 [environment] allow_internet,      network: bridge when internet is allowed, else none
-  network_mode
+  network_mode ("none", "no-network")
 [environment] env / workdir        the agent's environment / working directory
 [environment] docker_image         a prebuilt image (mapped like a FROM)
 [environment] build_timeout_sec    the build's time limit
@@ -38,6 +40,7 @@ service), Windows tasks, GPUs/TPUs, MCP servers, secret references (``${NAME}`` 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import tomllib
@@ -89,8 +92,13 @@ def slug(name: str) -> str:
 
 
 class _Ctx:
-    def __init__(self, files: SuiteFiles, rel: str, problems: list[str]):
-        self.files, self.rel, self.problems = files, rel, problems
+    def __init__(self, files: SuiteFiles, rel: str, problems: list[str], namespace: str = ""):
+        self.files, self.rel, self.problems, self.namespace = files, rel, problems, namespace
+
+    def tag(self, ident: str, role: str = "") -> str:
+        """The task's image tag: namespaced by the suite (its name and where it is), so two
+        suites with a task of the same name never share one."""
+        return f"harness/task-{self.namespace}{ident}{role}:latest"
 
     def p(self, name: str) -> str:
         return f"{self.rel}/{name}" if self.rel else name
@@ -113,10 +121,17 @@ def load_foreign(root: Path) -> "Any":
     spec = _dataset_spec(files, root, fmt, problems)
     tasks: list[Task] = []
     sources: dict[str, str] = {}
+    where = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:6]
+    namespace = f"{slug(spec.name)[:40]}-{where}--" if spec is not None else ""
+    refused: dict[str, str] = {}  # a task this harness cannot run does not stop the others
     for d, rel in zip(dirs, rels):
-        ctx = _Ctx(files, rel, problems)
+        ctx = _Ctx(files, rel, problems, namespace)
+        n0 = len(problems)
         data = _harbor_task(ctx, d) if (d / HARBOR_FILE).is_file() else _tb_task(ctx, d)
         if data is None:
+            if len(dirs) > 1 and len(problems) > n0:
+                refused[slug(d.name)] = "; ".join(problems[n0:])
+                del problems[n0:]
             continue
         manifest = HARBOR_FILE if (d / HARBOR_FILE).is_file() else TB_FILE
         try:
@@ -133,9 +148,11 @@ def load_foreign(root: Path) -> "Any":
     if spec is None:
         raise SuiteError("\n".join(problems))
     ok = check_tasks(files, spec, tasks, problems, lambda t: sources[t.id])
-    if problems:
-        raise SuiteError("\n".join(problems))
-    return build_suite(files, spec, sorted(ok, key=lambda t: t.id))
+    if problems or not ok:
+        raise SuiteError("\n".join(problems or [f"{files.display(r + '/' if r else '')}: {why}" for r, why in refused.items()]
+                                    or [f"{root}: no task can be loaded"]))
+    suite = build_suite(files, spec, sorted(ok, key=lambda t: t.id))
+    return suite.model_copy(update={"refused": refused}) if refused else suite
 
 
 def _dataset_spec(files: SuiteFiles, root: Path, fmt: str, problems: list[str]) -> SuiteSpec | None:
@@ -198,7 +215,7 @@ def _harbor_task(ctx: _Ctx, d: Path) -> dict[str, Any] | None:
     if verifier.get("user") is not None:
         grader["user"] = str(verifier["user"])
     if mode == "separate" and (d / "tests" / "Dockerfile").is_file():
-        grader["image"] = f"harness/task-{ident}-verifier:latest"
+        grader["image"] = ctx.tag(ident, "--verifier")
         grader["build"] = {"context": ctx.p("tests"), "dockerfile": "Dockerfile",
                            "timeout": float(env.get("build_timeout_sec", 600.0))}
     artifacts = [str(a) if isinstance(a, str) else str((a or {}).get("source", "")) for a in (cfg.get("artifacts") or [])]
@@ -212,7 +229,7 @@ def _harbor_task(ctx: _Ctx, d: Path) -> dict[str, Any] | None:
         "grader": grader,
         "sandbox": {"user": str(agent["user"]) if agent.get("user") is not None else None, "workdir": env.get("workdir"),
                     "writable_root": True, "env": _env(ctx, env.get("env"), "environment.env"), "logs": True},
-        "image": f"harness/task-{ident}:latest",
+        "image": ctx.tag(ident),
         "build": {"context": ctx.p("environment"), "dockerfile": "Dockerfile", "image": env.get("docker_image"),
                   "timeout": float(env.get("build_timeout_sec", 600.0))},
         "requested": {k: v for k, v in env.items() if k != "env"} | {"agent.timeout_sec": agent.get("timeout_sec"),
@@ -229,15 +246,20 @@ def _refuse_unsupported(ctx: _Ctx, env: dict[str, Any]) -> None:
         ctx.refuse(HARBOR_FILE, "environment.os", f"{env['os']!r} tasks are not supported (Linux containers only)")
     for k in ("gpus", "tpus"):
         if env.get(k):
-            ctx.refuse(HARBOR_FILE, f"environment.{k}", f"{k.upper()} are not supported")
+            ctx.refuse(HARBOR_FILE, f"environment.{k}", f"{k[:-1].upper()}s are not supported")
     if env.get("mcp_servers"):
         ctx.refuse(HARBOR_FILE, "environment.mcp_servers", "MCP servers are not supported yet")
     if str(env.get("network_mode", "")).lower() == "host":
         ctx.refuse(HARBOR_FILE, "environment.network_mode", "host networking is never given to a sandbox")
 
 
+# what Harbor gives a task whose [environment] does not say (its EnvironmentConfig defaults)
+HARBOR_DEFAULTS = {"cpus": 1, "memory_mb": 2048, "storage_mb": 10240}
+
+
 def _envelope(ctx: _Ctx, env: dict[str, Any], agent_timeout: Any, verifier_timeout: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    env = {**{k: v for k, v in HARBOR_DEFAULTS.items() if k not in env and k.removesuffix("_mb") not in env}, **env}
     if env.get("cpus") is not None:
         try:
             cpus = float(env["cpus"])
@@ -254,7 +276,7 @@ def _envelope(ctx: _Ctx, env: dict[str, Any], agent_timeout: Any, verifier_timeo
             ctx.refuse(HARBOR_FILE, f"environment.{mb_key if env.get(mb_key) is not None else key}", "not a size")
     mode = str(env.get("network_mode", "")).lower()
     allow = env.get("allow_internet", True)
-    out["network"] = "none" if mode == "none" or allow is False else "bridge"
+    out["network"] = "none" if mode in ("none", "no-network") or allow is False else "bridge"
     try:
         out["timeouts"] = {"agent": float(agent_timeout), "grade": float(verifier_timeout)}
     except (TypeError, ValueError):
@@ -371,7 +393,7 @@ def _tb_task(ctx: _Ctx, d: Path) -> dict[str, Any] | None:
         "grader": {"kind": "verifier", "tests": tests, "extra": {"run-tests.sh": ctx.p("run-tests.sh")},
                    "command": ["bash", "/tests/run-tests.sh"], "reward": "exit"},
         "sandbox": {"writable_root": True, "logs": True},
-        "image": f"harness/task-{ident}:latest",
+        "image": ctx.tag(ident),
         "build": {"context": ctx.rel or ".", "dockerfile": "Dockerfile"},
         "requested": {k: cfg.get(k) for k in ("max_agent_timeout_sec", "max_test_timeout_sec", "run_tests_in_same_shell") if k in cfg},
     }

@@ -36,6 +36,7 @@ from harness.model.suite import Suite, Task
 from harness.model.units import MiB, format_size, utcnow
 from harness.sandbox.base import ROOT_CAPS, Command, Exported, ExportFile, Network, Sandbox, SandboxBackend, SandboxSpec
 from harness.sandbox.owners import LABEL_ATTEMPT, LABEL_RUN
+from harness.sandbox.finish import without_outward_links
 from harness.state import grader as grader_named
 from harness.state import state_kind
 from harness.state.base import AgentInputs, GradePlan, Grader, ServiceRun, StateKind
@@ -269,7 +270,8 @@ class _Attempt:
         self._grade(kind, grader, plan)
         if ctx.grade is not None and ctx.grade.status == "broken":
             ctx.infra = f"grading failed: {ctx.grade.reason}"
-        if not sb.alive() and not ctx.infra:
+        oom_down = ctx.grade is not None and ctx.grade.status == "ungradable" and self._agent_oom()
+        if not sb.alive() and not ctx.infra and not oom_down:
             ctx.infra = "container died while the final state was graded or exported"
 
     def _setup(self, inputs: Any) -> bool:
@@ -423,12 +425,22 @@ class _Attempt:
             "memory_in_use": used, "memory_for_grader": job.profile.grade.memory, "timeout_s": job.profile.timeouts.grade,
             "site": plan.site if plan.site != "service" else f"service {plan.service}",
         }
+        if applied is None and self._agent_oom() and not target.alive():
+            # the memory ceiling took the container down with the agent: the envelope's doing, not the host's
+            ctx.grade = GradeResult(status="ungradable", reason="the container did not survive the agent's OOM kill; "
+                                    "its final state could not be graded")
+            return None
         if applied is None or applied.memory_max is None or abs(applied.memory_max - limit) > PAGE or applied.cpu_quota_us != quota:
-            ctx.grade = GradeResult(status="broken", reason=f"grade envelope not applied (asked memory {format_size(limit)}, "
+            gone = "" if target.alive() else "; the container is gone"
+            ctx.grade = GradeResult(status="broken", reason=f"grade envelope not applied{gone} (asked memory {format_size(limit)}, "
                                     f"quota {quota} us; kernel {applied.memory_max if applied else None}, "
                                     f"{applied.cpu_quota_us if applied else None})")
             return None
         return target
+
+    def _agent_oom(self) -> bool:
+        c = self.ctx.counters
+        return c is not None and (c.oom_kills or 0) > 0
 
     def _separate(self, plan: GradePlan) -> Sandbox | None:
         """A fresh sandbox from the task's image (or the verifier's) with the carried state in."""
@@ -448,7 +460,13 @@ class _Attempt:
                 if tar.is_file():
                     if f.path:  # the image's own copy of that path must not mix with the agent's
                         sep.exec(["rm", "-rf", "--", f.path], timeout=60, user="0:0")
-                    sep.put_archive(dest, tar)
+                    safe = tar.with_name(f"{f.name}.carried.tar")
+                    dropped = without_outward_links(tar, safe)
+                    if dropped:
+                        self.d.note(f"{len(dropped)} link(s) pointing outside {f.path or f.name} not carried to the verifier: "
+                                    f"{', '.join(dropped[:5])}"[:400])
+                    sep.put_archive(dest, safe)
+                    safe.unlink(missing_ok=True)
         except Exception as e:
             ctx.infra = f"the separate verifier sandbox could not be made: {str(e)[:300]}"
             return None

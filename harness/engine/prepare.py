@@ -19,6 +19,7 @@ from harness.engine.taskimages import build_task_images
 from harness.model.errors import RunError
 from harness.model.profile import Profile
 from harness.model.suite import Suite, Task
+from harness.model.state import VerifierGraderSpec
 from harness.sandbox.images import ensure_local_base, image_config, image_id, image_identity
 
 
@@ -57,12 +58,18 @@ def fit_to_machine(task: Task, p: Profile, leasable: int) -> tuple[dict[str, Any
 def _with_defaults(client: Any, task: Task, image: str) -> Task:
     """A writable-root task without its own user or working directory gets the image's
     (as Harbor runs it): the image's USER (root when it has none) and WORKDIR (/ when none)."""
-    if not task.sandbox.writable_root or (task.sandbox.user and task.sandbox.workdir):
+    verifier = task.grader if isinstance(task.grader, VerifierGraderSpec) else None
+    if not task.sandbox.writable_root or (task.sandbox.user and task.sandbox.workdir and (verifier is None or verifier.user)):
         return task
     cfg = image_config(client, image)
-    user = task.sandbox.user or (cfg.get("User") or "0:0")
+    image_user = cfg.get("User") or "0:0"
+    user = task.sandbox.user or image_user
     workdir = task.sandbox.workdir or (cfg.get("WorkingDir") or "/")
-    return task.model_copy(update={"sandbox": task.sandbox.model_copy(update={"user": user, "workdir": workdir})})
+    update: dict[str, Any] = {"sandbox": task.sandbox.model_copy(update={"user": user, "workdir": workdir})}
+    if verifier is not None and not verifier.user:
+        # Harbor runs the verifier as the image's user whatever `[agent] user` says
+        update["grader"] = verifier.model_copy(update={"user": image_user})
+    return task.model_copy(update=update)
 
 
 def prepare_tasks(client: Any, suite: Suite, tasks: list[Task], profile: Profile, task_overrides: bool, agent_cmd: list[str],
@@ -83,8 +90,9 @@ def prepare_tasks(client: Any, suite: Suite, tasks: list[Task], profile: Profile
         if t.id in out.excluded:
             continue
         if t.build is not None and not agent_image:
-            image, digest = built.images[t.id]
+            _tag, digest = built.images[t.id]
             out.digests[t.id] = digest
+            image = digest  # started by id: a tag rebuilt by someone else mid-run changes nothing
         else:
             image = agent_image or suite.image_of(t)
         out.images[t.id] = image
@@ -101,7 +109,8 @@ def prepare_tasks(client: Any, suite: Suite, tasks: list[Task], profile: Profile
             out.requested[t.id] = {"envelope": t.envelope.model_dump(mode="json", exclude_none=True), **t.requested}
         task = _with_defaults(client, t, image)
         if t.id in built.verifiers:
-            task = task.model_copy(update={"grader": task.grader.model_copy(update={"image": built.verifiers[t.id]})})
+            vid = image_identity(client, built.verifiers[t.id])[0]
+            task = task.model_copy(update={"grader": task.grader.model_copy(update={"image": vid})})
         out.tasks.append(task)
     _service_images(client, out.tasks, suite, log)
     if not out.tasks:

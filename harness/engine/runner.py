@@ -158,11 +158,17 @@ class Runner:
         if max_reruns < 0:
             raise RunError("--max-reruns must be >= 0")
         by_id = {t.id: t for t in suite.tasks}
+        refused = dict(suite.refused)
         if opts.tasks:
-            unknown = [t for t in opts.tasks if t not in by_id]
+            wanted = [next((i for i in [*by_id, *refused] if i.lower() == t.lower()), t) for t in opts.tasks]
+            unknown = [t for t in wanted if t not in by_id and t not in refused]
             if unknown:
-                raise RunError(f"suite {suite.name} has no task {', '.join(unknown)}; see `harness suites {suite.name}`")
-            tasks = [by_id[t] for t in dict.fromkeys(opts.tasks)]  # a repeated id runs once
+                where = suite.name if suite.root.parent.name == "suites" else str(suite.root)
+                raise RunError(f"suite {suite.name} has no task {', '.join(unknown)}; see `harness suites {where}`")
+            refused = {t: refused[t] for t in wanted if t in refused}
+            tasks = [by_id[t] for t in dict.fromkeys(wanted) if t in by_id]  # a repeated id runs once
+            if not tasks:
+                raise RunError("\n".join(f"{t}: {why}" for t, why in refused.items()))
         else:
             tasks = list(suite.tasks)
         pool = CpuPool.for_host(reserve=opts.reserve_cores)
@@ -194,7 +200,7 @@ class Runner:
             seed=opts.seed, concurrency=concurrency, task_ids=[t.id for t in prep.tasks], sweep_id=opts.sweep_id,
             artifacts_dir=str((store.artifacts_root() / run_id).resolve()), note=opts.note,
             images=dict(prep.digests), substitutions=dict(prep.substitutions), task_overrides=task_overrides,
-            excluded=dict(prep.excluded), adjustments=dict(prep.adjustments),
+            excluded={**refused, **prep.excluded}, adjustments=dict(prep.adjustments),
         )
         run = RunRecord(**fields)
         run = run.model_copy(update={"identity_hash": run.identity.hash()})

@@ -40,9 +40,18 @@ class SuiteFiles:
         self.root = root
         self.data: dict[str, bytes] = {}
         self.modes: dict[str, int] = {}
+        self.outward: list[str] = []  # links that lead out of the suite directory: never read
+        real_root = root.resolve()
         for f in root.rglob("*"):
             rel = f.relative_to(root)
             if any(part in _HASH_SKIP_DIRS for part in rel.parts):
+                continue
+            try:
+                inside = f.resolve().is_relative_to(real_root)
+            except (OSError, RuntimeError):
+                inside = False
+            if not inside:  # a link (or a file under a linked directory) pointing at the host
+                self.outward.append(rel.as_posix())
                 continue
             if f.is_file() and f.name not in _HASH_SKIP_NAMES and not f.name.endswith(_HASH_SKIP_SUFFIXES):
                 self.data[rel.as_posix()] = f.read_bytes()

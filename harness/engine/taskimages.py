@@ -24,6 +24,7 @@ from harness.sandbox.images import (
 )
 from harness.sandbox.prewarm import REQUIREMENTS_FILE, verifier_requirements
 from harness.sandbox.prewarm import epilogue as prewarm_epilogue
+from harness.state.verifier import tb_helpers
 from harness.store.store import harness_home
 
 TASK_LABEL = "dev.harness.task"
@@ -63,18 +64,26 @@ def _with_prewarm(suite: Suite, task: Task, b: BuildSpec, files: dict[str, Any])
         return files
     read = _verifier_scripts(suite, task)
     scripts = [read(a) for a in g.command if a.startswith("/tests/")] + [read(f"/tests/{n}") for n in g.extra]
+    # Terminal-Bench helpers the scripts source: the task's own, else the harness's
+    scripts += [read(f"/tests/{name}") or body for name, body in tb_helpers([t.encode() for t in scripts if t], set()).items()]
     reqs = [r for text in scripts if text for r in verifier_requirements(text, read)]
     if not reqs:
         return files
     data, mode = files[b.dockerfile]
-    text = data.decode("utf-8", errors="replace").rstrip("\n") + "\n" + prewarm_epilogue()
+    text = data.decode("utf-8", errors="replace").rstrip("\n")
+    text += "\n" + prewarm_epilogue(text)
     return {**files, b.dockerfile: (text.encode(), mode), REQUIREMENTS_FILE: ("\n".join(dict.fromkeys(reqs)).encode() + b"\n", 0o644)}
 
 
 def _one_build(client: Any, suite: Suite, task: Task, tag: str, b: BuildSpec, bmap: BaseMap, labels: dict[str, str], force: bool,
                out: TaskImages) -> str:
     """Build (or map) one image; the tag to run."""
-    if b.image:  # a prebuilt image: mapped like a FROM, never built
+    files = suite.files_under(b.context)
+    prebuilt_here = bool(b.image) and image_id(client, b.image or "") is not None
+    if b.image and not prebuilt_here and b.dockerfile in files:
+        # a prebuilt image (Harbor's docker_image) cannot be pulled offline: its Dockerfile is built instead
+        out.substitutions[b.image] = f"{tag} (built here from {b.context}/{b.dockerfile})"
+    elif b.image:  # a prebuilt image and nothing to build it from: mapped like a FROM
         try:
             local = bmap.resolve(b.image, lambda r: image_id(client, r) is not None)
         except DockerfileError as e:
@@ -84,7 +93,7 @@ def _one_build(client: Any, suite: Suite, task: Task, tag: str, b: BuildSpec, bm
         if local != b.image:
             out.substitutions[b.image] = f"{local}@{(image_id(client, local) or local)[:19]}"
         return local
-    files = _with_prewarm(suite, task, b, suite.files_under(b.context))
+    files = _with_prewarm(suite, task, b, files)
     res = build_image(client, tag, files, b.dockerfile, basemap=bmap, labels=labels, force=force, timeout=b.timeout,
                       log_dir=harness_home() / "builds", ensure_base=lambda local: ensure_local_base(client, local))
     out.substitutions.update(res.substitutions)
@@ -107,7 +116,7 @@ def build_task_images(client: Any, suite: Suite, tasks: list[Task], base_map: li
             tag = _one_build(client, suite, t, t.image or "", t.build, bmap, labels, force, out)
             if isinstance(t.grader, VerifierGraderSpec) and t.grader.build is not None and t.grader.image:
                 out.verifiers[t.id] = _one_build(client, suite, t, t.grader.image, t.grader.build, bmap, labels, force, out)
-            out.images[t.id] = (tag, image_identity(client, tag)[1])
+            out.images[t.id] = (tag, image_identity(client, tag)[0])  # the image id: what runs, whatever the tag becomes
         except HarnessError as e:
             out.failures[t.id] = str(e)
         if log is not None:

@@ -156,6 +156,7 @@ class Report(_M):
     gate_k: int = Field(..., description="The gate's k: JUnit fails a task whose pass^k < 1.")
     trials: int
     n_tasks: int
+    not_run: dict[str, str] = Field(default_factory=dict, description="Tasks that could not run here (no image, refused): in no figure.")
     conf: float
     tasks: list[TaskRow] = Field(..., description="Worst first: unmeasured, then by pass@1, then pass^k.")
     suite: SuiteFigures

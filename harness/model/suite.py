@@ -240,6 +240,11 @@ class Suite(SuiteSpec):
         default_factory=dict,
         description="Task id -> the complete SQL fixture script (state_sql, fixture file, inline SQL), as read at load time.",
     )
+    refused: dict[str, str] = Field(
+        default_factory=dict,
+        description="Task id -> why this task directory cannot be run here (Harbor / Terminal-Bench parts not supported): "
+        "reported with every run of the suite, never scored.",
+    )
     image_files: list[str] = Field(
         default_factory=list,
         description="Files of the suite directory that are image inputs (relative POSIX paths): everything but "

@@ -323,6 +323,10 @@ def build_report(
         warnings.append(w)
     if pending:
         warnings.append(f"{len(pending)} slot(s) never ran (run interrupted?); they are not scored")
+    not_run = dict(getattr(run, "excluded", None) or {})
+    if not_run:
+        listed = "; ".join(f"{t}: {why.splitlines()[0][:160]}" for t, why in sorted(not_run.items())[:10])
+        warnings.insert(0, f"{len(not_run)} task(s) could not run here and are in no figure: {listed}")
     for kk in ks:
         excl = sm.by_k[kk].excluded
         if excl and len(excl) < len(outs):
@@ -352,6 +356,7 @@ def build_report(
         "gate_k": gate_k,
         "trials": run.trials,
         "n_tasks": len(outs),
+        "not_run": not_run,
         "conf": CONF,
         "tasks": rows,
         "suite": suite,

@@ -130,6 +130,9 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
         ident.rows.append(["task images", f"{len(idn['images'])} built per task (digests in the JSON report)"])
     for ref, local in (idn.get("substitutions") or {}).items():
         ident.rows.append(["base substituted", f"{ref} -> {local}"])
+    if idn.get("images") and idn.get("task_overrides") is not False:
+        ident.rows.append(["task envelopes", "each task's own (Harbor [environment]; what it does not set comes from the profile): "
+                                             "see `harness show` per attempt"])
     if idn.get("task_overrides") is False:
         ident.rows.append(["task envelopes", "replaced by --profile (what each task asked for is stored with its attempts)"])
     for task, adj in (idn.get("adjustments") or {}).items():

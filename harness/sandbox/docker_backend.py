@@ -29,7 +29,10 @@ class DockerNetwork(Network):
         self.client = client
         self.name = f"harness-net-{uuid.uuid4().hex[:12]}"
         try:
-            self.net = client.networks.create(self.name, driver="bridge", internal=True, labels=_labels(labels))
+            # internal: no route out; inhibit_ipv4: the host has no address on it either, so
+            # nothing listening on the host (on any of its addresses) is reachable from here
+            self.net = client.networks.create(self.name, driver="bridge", internal=True, labels=_labels(labels),
+                                              options={"com.docker.network.bridge.inhibit_ipv4": "true"})
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxError(f"the engine refused a private network for the attempt: {str(e)[:200]}") from None
 

@@ -279,6 +279,8 @@ class DockerSandbox(Sandbox):
         if spec.writable_root and p.storage:
             kw["storage_opt"] = {"size": str(p.storage)}
         if spec.network:
+            # names outside the attempt cannot resolve (no egress): fail a lookup in ~1 s, not 20
+            kw.update(dns_opt=["timeout:1", "attempts:1"])
             kw.update(network=spec.network, networking_config={
                 spec.network: self.client.api.create_endpoint_config(aliases=list(spec.aliases) or None)})
         else:
@@ -710,15 +712,24 @@ class DockerSandbox(Sandbox):
         """A writable-root sandbox: nothing in it is trusted to copy files; the engine does."""
         problems: list[str] = []
         command = None
+        unreset: list[str] = []
         if then is not None:
             for p in reset or []:
                 # the parent too: an agent may have made it a link or taken its permissions away
                 # (an exec'd root has no capabilities: it must own its way back in, parent first)
+                # (what the agent left there is moved aside as evidence, not deleted)
                 r = self.exec(["sh", "-c", 'd=$(dirname -- "$1"); if [ -L "$d" ]; then rm -f -- "$d"; fi; mkdir -p -- "$d" && '
-                               'chmod 0755 -- "$d" && rm -rf -- "$1" && mkdir -p -- "$1" && chmod 0777 -- "$1"', "sh", p], timeout=60, user=ROOT)
+                               'chmod 0755 -- "$d" && rm -rf -- "$1.before-grading" && { mv -- "$1" "$1.before-grading" 2>/dev/null; '
+                               'rm -rf -- "$1"; } && mkdir -p -- "$1" && chmod 0777 -- "$1"', "sh", p], timeout=60, user=ROOT)
                 if r.exit_code != 0:
+                    unreset.append(p)
                     problems.append(f"could not empty {p}: {(r.stderr or r.stdout).strip()[-200:]}")
-            command = self.exec(then.cmd, timeout=then.timeout, env=env, workdir=cwd, cap=then.cap, user=user)
+            if unreset:  # what the agent left there must not be read as the command's output
+                command = ExecResult(cmd=then.cmd, exit_code=None, timed_out=False, wall_s=0.0,
+                                     stderr=f"could not empty {', '.join(unreset)}: the command did not run")
+                spec = [f for f in spec if not any((f.path or "") == p or (f.path or "").startswith(p.rstrip("/") + "/") for p in unreset)]
+            else:
+                command = self.exec(then.cmd, timeout=then.timeout, env=env, workdir=cwd, cap=then.cap, user=user)
             if kill_after:
                 self.kill_tree()
         kept: dict[str, int] = {}

@@ -21,6 +21,7 @@ folder under the name the harness chose, a tree is re-packed member by member in
 from __future__ import annotations
 
 import json
+import posixpath
 import shutil
 import tarfile
 from pathlib import Path, PurePosixPath
@@ -197,10 +198,33 @@ def tree(name, root, cap, limit):
     man[name] = info
 
 cmd = spec.get("cmd")
-if cmd:
-    for p in spec.get("reset", []):
-        subprocess.run(["rm", "-rf", "--", p])
+unreset = []
+for p in spec.get("reset", []) if cmd else []:
+    # the agent may have taken its own permissions away (chmod 555, 444): give them back first
+    subprocess.run(["chmod", "u+rwx", "--", os.path.dirname(p) or "/"], stderr=subprocess.DEVNULL)
+    subprocess.run(["chmod", "-R", "u+rwX", "--", p], stderr=subprocess.DEVNULL)
+    # what the agent left there is evidence: moved aside (and exported when asked), not deleted
+    kept = p.rstrip("/") + ".before-grading"
+    subprocess.run(["rm", "-rf", "--", kept], stderr=subprocess.DEVNULL)
+    try:
+        os.rename(p, kept)
+    except OSError:
+        pass
+    subprocess.run(["rm", "-rf", "--", p], stderr=subprocess.DEVNULL)
+    try:
         os.makedirs(p, exist_ok=True)
+        clean = os.path.isdir(p) and not os.path.islink(p) and not os.listdir(p)
+    except OSError:
+        clean = False
+    if not clean:
+        unreset.append(p)
+if unreset:
+    # a directory that could not be emptied may hold what the agent wrote there: the command
+    # does not run and nothing under it is read
+    man[".reset-failed"] = unreset
+    cmd = None
+    spec["files"] = [f for f in spec["files"] if not any(f[1] == p or f[1].startswith(p.rstrip("/") + "/") for p in unreset)]
+if cmd:
     t0 = time.monotonic()
     rc, to, o, e, no, ne = run(cmd, spec["timeout"], spec["cap"], spec.get("env"), spec.get("cwd") or "/tmp")
     if spec.get("kill_after"):
@@ -338,6 +362,11 @@ def read_finish_stream(sink: IO[bytes], files: list[ExportFile], dest: Path, the
     for name, n in trees.dropped.items():
         problems.append(f"{n} entr{'y' if n == 1 else 'ies'} of {name!r} not kept (links out, devices, or over the cap)")
     command = command_result(then, manifest.get(".command"), cmd_out, res) if then is not None else None
+    unreset = manifest.get(".reset-failed")
+    if isinstance(unreset, list) and unreset and then is not None:
+        why = f"could not empty {', '.join(str(p)[:100] for p in unreset[:3])} (the agent's permissions or files): the command did not run"
+        problems.append(why)
+        command = ExecResult(cmd=then.cmd, exit_code=None, timed_out=False, wall_s=0.0, stderr=why)
     if res.exit_code not in (0, None) and not res.timed_out and not problems and command is None:
         problems.append(f"export failed (exit {res.exit_code}): {res.stderr.strip()[-200:]}")
     return Exported(files=kept, problems=problems, truncated=truncated, command=command, complete=complete)
@@ -444,3 +473,20 @@ def read_archive(chunks: Iterator[bytes], f: ExportFile, dest: Path, problems: l
             if trees.dropped.get(f.name) or over:
                 truncated.append(f.name)
                 problems.append(f"entries of {f.name!r} not kept (links out, devices, or over {format_size(f.cap)})")
+
+
+def without_outward_links(src: Path, dst: Path) -> list[str]:
+    """Copy the tar ``src`` to ``dst`` without the links that point outside it (absolute, or
+    up past its top): carried into a separate verifier, such a link would make the verifier
+    read its own files (/tests/expected.txt) as the agent's. Returns the dropped names."""
+    dropped: list[str] = []
+    with tarfile.open(src) as tin, tarfile.open(dst, "w") as tout:
+        for m in tin:
+            if m.issym() or m.islnk():
+                base = posixpath.dirname(m.name) if m.issym() else ""
+                target = posixpath.normpath(posixpath.join(base, m.linkname))
+                if m.linkname.startswith("/") or target == ".." or target.startswith("../"):
+                    dropped.append(m.name)
+                    continue
+            tout.addfile(m, tin.extractfile(m) if m.isfile() else None)
+    return dropped

@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -300,7 +301,7 @@ def build_image(
         except OSError:
             pass
     if error is not None:
-        tail = "\n".join("    " + x[:300] for x in log[-12:])
+        tail = "\n".join("    " + re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", x)[:300] for x in log[-12:])
         where = f" (whole log: {log_dir / (tag.replace('/', '_').replace(':', '_') + '.log')})" if log_dir else ""
         raise ImageBuildError(f"building {tag} failed: {error[:300]}{where}\n{tail}")
     return BuildResult(tag, True, inputs, time.monotonic() - t0, subs, tr.notes)

@@ -6,8 +6,8 @@ Most public Harbor tasks grade with a ``tests/test.sh`` that installs its tools 
 ...`` / ``pip install ...``). Offline, none of that can be fetched when the verifier runs.
 The local bases carry uv and shims for it (``docker/verifier-tools/``); this module reads the
 package requirements out of the verifier script (a suite file, never anything an agent
-wrote) so the task's image build can put them into uv's cache
-(``harness-uv-prewarm``). Only plain requirement specifiers are taken (``name``,
+wrote) so the task's image build can download them as wheels into /opt/harness/wheels
+(``harness-uv-prewarm``; root's and read-only to the agent). Only plain requirement specifiers are taken (``name``,
 ``name[extra]==1.2``, ``name>=1,<2``): paths, URLs, variables and options are ignored.
 """
 
@@ -107,9 +107,22 @@ def verifier_requirements(script: str, read: Callable[[str], str | None] | None 
     return out[:MAX_REQUIREMENTS]
 
 
-def epilogue() -> str:
-    """Dockerfile lines that put the requirements into uv's cache (only where the tools exist
-    and the stage runs as root: otherwise nothing happens)."""
-    return (f"COPY {REQUIREMENTS_FILE} /usr/local/share/harness-build/verifier-requirements.txt\n"
-            "RUN if [ \"$(id -u)\" = 0 ] && command -v harness-uv-prewarm >/dev/null 2>&1; then "
-            "HARNESS_BUILD=1 harness-uv-prewarm /usr/local/share/harness-build/verifier-requirements.txt; fi\n")
+def epilogue(dockerfile: str) -> str:
+    """Dockerfile lines, appended to ``dockerfile``, that download the requirements as wheels
+    (as root, then back to the last stage's USER; nothing happens where the tools are absent)."""
+    from harness.sandbox.dockerfile import logical_lines
+
+    user = None
+    for ln in logical_lines(dockerfile):
+        op, _, rest = ln.text.strip().partition(" ")
+        if op.upper() == "FROM":
+            user = None
+        elif op.upper() == "USER":
+            user = rest.strip()
+    lines = ["USER root"] if user else []
+    lines += [f"COPY {REQUIREMENTS_FILE} /usr/local/share/harness-build/verifier-requirements.txt",
+              "RUN if command -v harness-uv-prewarm >/dev/null 2>&1; then "
+              "HARNESS_BUILD=1 harness-uv-prewarm /usr/local/share/harness-build/verifier-requirements.txt; fi"]
+    if user:
+        lines.append(f"USER {user}")
+    return "\n".join(lines) + "\n"

@@ -232,10 +232,30 @@ def _short(v: Any) -> str:
     return clean(json.dumps(v, ensure_ascii=False, default=str), 80)
 
 
-def check_expectation(exp: dict[str, Any]) -> tuple[bool, str | None]:
+def through_link(path: str, roots: list[str]) -> str | None:
+    """The first directory between a state root and ``path`` that is a link (never followed:
+    a path through it would be graded on whatever the link points at, outside the tree)."""
+    root = max((r for r in roots if path == r or path.startswith(r.rstrip("/") + "/")), key=len, default=None)
+    if root is None:
+        return None
+    cur = root
+    for part in path[len(root):].strip("/").split("/")[:-1]:
+        cur = f"{cur.rstrip('/')}/{part}"
+        try:
+            if stat.S_ISLNK(os.lstat(cur).st_mode):
+                return cur
+        except OSError:
+            return None
+    return None
+
+
+def check_expectation(exp: dict[str, Any], roots: list[str] | None = None) -> tuple[bool, str | None]:
     """Evaluate one expectation on the final tree; (passed, detail)."""
     path, label = exp["path"], exp.get("name") or exp["path"]
     keyed = exp.get("json") if exp.get("json") is not None else exp.get("toml")
+    link = through_link(path, roots or [])
+    if link is not None:
+        return False, clean(f"{label}: {path} goes through {link}, which is a link (links are never followed)")
     if exp.get("exists") is not None and keyed is None:
         there = os.path.lexists(path)
         if there == exp["exists"]:
@@ -319,7 +339,7 @@ def grade(spec: dict[str, Any]) -> dict[str, Any]:
     changes = diff_trees(fx, fin)
     checks = []
     for exp in spec.get("expect") or []:
-        ok, detail = check_expectation(exp)
+        ok, detail = check_expectation(exp, list(spec["paths"]))
         checks.append(_check(exp.get("name") or exp["label"], "expect", ok, detail))
     unchanged = [(g, glob_regex(g)) for g in spec.get("unchanged") or []]
     for g, rx in unchanged:

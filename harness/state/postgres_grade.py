@@ -35,12 +35,40 @@ SYSTEM = ("pg_catalog", "information_schema", "pg_toast")
 EXIT_BROKEN = 70
 
 
+# The agent's role owns `app` and may have set session defaults on it (ALTER DATABASE app SET
+# search_path = its_schema, ...) or put look-alike catalogs, functions and operators in its
+# schemas. Options given at connection start override database and role settings: the
+# grader's sessions resolve unqualified names in pg_catalog only, and run the task's
+# expectations as the agent's own role (never as the superuser) with `public` searched after
+# pg_catalog. Database and role settings the agent added are part of the schema diff.
+PINNED = "-c search_path=pg_catalog,pg_temp -c default_transaction_read_only=on -c session_replication_role=origin"
+AGENT_ROLE = "agent"
+
+
 def connect(dbname: str) -> Any:
     import psycopg2
 
-    conn = psycopg2.connect(host=SOCKET_DIR, dbname=dbname, user="postgres")
+    conn = psycopg2.connect(host=SOCKET_DIR, dbname=dbname, user="postgres", options=PINNED)
     conn.set_session(readonly=True, autocommit=False)
     return conn
+
+
+def stop_agent_sessions() -> None:
+    """No agent session may change the database while it is graded: the role can no longer log
+    in and its sessions are ended (a DO loop left running would otherwise keep writing)."""
+    import psycopg2
+
+    conn = psycopg2.connect(host=SOCKET_DIR, dbname="postgres", user="postgres", options="-c search_path=pg_catalog,pg_temp")
+    conn.autocommit = True
+    try:
+        with conn.cursor() as c:
+            c.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (AGENT_ROLE,))
+            if c.fetchone():
+                c.execute(f'ALTER ROLE "{AGENT_ROLE}" NOLOGIN')
+            c.execute("SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity "
+                      "WHERE usename = %s AND pid <> pg_catalog.pg_backend_pid()", (AGENT_ROLE,))
+    finally:
+        conn.close()
 
 
 def value(v: Any) -> Any:
@@ -138,9 +166,20 @@ def catalog(conn: Any) -> dict[tuple[str, str], str]:
     return out
 
 
+def settings(conn: Any) -> list[str]:
+    """Session defaults set on the agent's database or role (ALTER DATABASE / ROLE ... SET): the
+    seed sets none, and they live in a catalog both databases share, so any is a change."""
+    with conn.cursor() as c:
+        c.execute("SELECT coalesce(d.datname, 'every database'), coalesce(r.rolname, 'every role'), "
+                  "array_to_string(s.setconfig, ', ') FROM pg_db_role_setting s "
+                  "LEFT JOIN pg_database d ON d.oid = s.setdatabase LEFT JOIN pg_roles r ON r.oid = s.setrole "
+                  "WHERE d.datname = 'app' OR r.rolname = %s", (AGENT_ROLE,))
+        return [f"new setting on database {db}, role {role}: {g._one_line(conf, 160)}" for db, role, conf in c.fetchall()]
+
+
 def schema_changes(fx: Any, st: Any) -> list[str]:
     a, b = catalog(fx), catalog(st)
-    out = []
+    out = settings(st)
     for kind, name in sorted(set(a) | set(b)):
         if kind == "column":  # added or dropped columns (and tables) are in the table diff; a changed type is here
             if (kind, name) in a and (kind, name) in b and a[(kind, name)] != b[(kind, name)]:
@@ -158,6 +197,9 @@ def schema_changes(fx: Any, st: Any) -> list[str]:
 def run_query(conn: Any):
     def run(query: str) -> tuple[list[str], list[tuple]]:
         with conn.cursor() as c:
+            # the task's SQL runs with the agent's privileges: nothing the agent defined runs as superuser
+            c.execute(f'SET LOCAL ROLE "{AGENT_ROLE}"')
+            c.execute("SET LOCAL search_path = pg_catalog, public, pg_temp")
             c.execute(query)
             cols = [d[0] for d in c.description or []]
             return cols, [tuple(value(v) for v in r) for r in c.fetchmany(g.MAX_QUERY_ROWS + 1)]
@@ -181,6 +223,7 @@ def keep_dump(spec: dict[str, Any]) -> None:
 def grade(spec: dict[str, Any]) -> dict[str, Any]:
     import psycopg2
 
+    stop_agent_sessions()
     fx = connect("fixture")
     try:
         try:
@@ -198,7 +241,11 @@ def grade(spec: dict[str, Any]) -> dict[str, Any]:
                 st.rollback()
             with tempfile.TemporaryDirectory(prefix="harness-pg-grade-", dir=spec.get("scratch") or None) as tmp:
                 mirror(fx, os.path.join(tmp, "fixture.db"))
-                mirror(st, os.path.join(tmp, "final.db"))
+                try:
+                    mirror(st, os.path.join(tmp, "final.db"))
+                except sqlite3.Error as e:  # e.g. two tables whose names differ only in case
+                    return g.ungradable(f"the final database cannot be compared with the fixture: {g._one_line(str(e))} "
+                                        "(names that differ only in case are one name to the comparison)")
                 schema = schema_changes(fx, st)
                 f_conn = g.open_fixture(os.path.join(tmp, "fixture.db"))
                 s_conn = g.open_fixture(os.path.join(tmp, "final.db"))

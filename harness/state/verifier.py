@@ -35,6 +35,28 @@ LOGS_CAP = 16 * 1024 * 1024
 MAX_TEST_CHECKS = 50
 
 
+# Terminal-Bench's run-tests.sh sources helpers its own harness copies into $TEST_DIR; a task
+# directory does not ship them. These are the harness's own equivalents (uv is preinstalled
+# in the local bases, pytest prefetched at the task's build).
+TB_HELPERS = {
+    "setup-uv-pytest.sh": (
+        "# harness: a virtual environment with pytest for Terminal-Bench's run-tests.sh\n"
+        "if ! command -v uv >/dev/null 2>&1; then curl -LsSf https://astral.sh/uv/install.sh | sh; source \"$HOME/.local/bin/env\"; fi\n"
+        "uv venv .tbench-testing >/dev/null 2>&1 || true\n"
+        "source .tbench-testing/bin/activate\n"
+        "uv pip install pytest==8.4.1\n"),
+    "run-uv-pytest.sh": (
+        "# harness: Terminal-Bench's test run\n"
+        "uv run pytest \"$TEST_DIR/test_outputs.py\" -rA\n"),
+}
+
+
+def tb_helpers(scripts: list[bytes | None], present: set[str]) -> dict[str, str]:
+    """The helpers the scripts name that the task does not ship."""
+    text = b"\n".join(s for s in scripts if s)
+    return {n: body for n, body in TB_HELPERS.items() if n not in present and n.encode() in text}
+
+
 def _spec(task: Task) -> VerifierGraderSpec:
     assert isinstance(task.grader, VerifierGraderSpec)
     return task.grader
@@ -78,12 +100,17 @@ class VerifierGrader(Grader):
             data = suite.file_bytes(rel)
             if data is not None:
                 tests[name] = (data, 0o755)
+        for name, body in tb_helpers([tests.get(n, (None, 0))[0] for n in tests if n.endswith(".sh")], set(tests)).items():
+            tests[name] = (body.encode(), 0o755)
         return GradePlan(
             cmd=list(g.command), site="sandbox" if g.mode == "shared" else "separate", output="reward",
             tests=tests, env={"TEST_DIR": TESTS_DIR, **g.env}, user=g.user or task.sandbox.user,
-            workdir=task.sandbox.workdir, reset=[VERIFIER_DIR],
+            # never an agent-writable /tmp: `python -m pytest` puts its cwd first on sys.path
+            workdir=task.sandbox.workdir or (TESTS_DIR if tests else "/"), reset=[VERIFIER_DIR],
             reads=[ExportFile(name, cap, path=f"{VERIFIER_DIR}/{name}") for name, cap in READS.items()],
-            evidence=[ExportFile("verifier-logs", LOGS_CAP, path=VERIFIER_DIR, tree=True)],
+            evidence=[ExportFile("verifier-logs", LOGS_CAP, path=VERIFIER_DIR, tree=True),
+                      # whatever the agent had put in /logs/verifier (a forged reward is evidence too)
+                      ExportFile("verifier-dir-before-grading", LOGS_CAP, path=f"{VERIFIER_DIR}.before-grading", tree=True)],
             image=g.image, carry=kind.carry(suite, task) if g.mode == "separate" else [],
         )
 

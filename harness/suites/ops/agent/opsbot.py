@@ -7,7 +7,7 @@ It knows how to do every task of the suite, and behaves like a fallible model do
   a fixed probability), so the same seed makes the same choices and pass@k rises with k
   while pass^k falls;
 * it "thinks" before acting: sha256 rounds costing ~0.2-0.6 CPU-s per task at full speed
-  (log-summary, the "hard" one, ~5 s)
+  (log-summary, the "hard" one, ~6 s)
   (scaled by $OPSBOT_THINK_SCALE), so a small CPU quota or a short timeout shows up as
   throttling and timeouts;
 * it holds a resident "context" (a bytearray, 60-200 MiB by task and seed, scaled by
@@ -49,7 +49,7 @@ SLIPS: dict[str, dict[str, float]] = {
     "refund-ledger": {"refunds_wrong_payment": 0.15, "forgets_ledger": 0.15},
 }
 # How heavy each task feels: thinking weight and the context it grows (MiB, before the seed's share).
-EFFORT = {"log-summary": (100, 80), "csv-totals": (10, 140), "json-merge": (4, 60), "py-bugfix": (8, 90),
+EFFORT = {"log-summary": (170, 80), "csv-totals": (10, 140), "json-merge": (4, 60), "py-bugfix": (8, 90),
           "config-repair": (4, 60), "log-cleanup": (3, 60), "sql-report": (6, 90), "refund-ledger": (7, 100)}
 
 
