@@ -78,6 +78,15 @@ def _context_tar(root: Path, files: list[str]) -> io.BytesIO:
     return buf
 
 
+def remove_image(client: docker.DockerClient, image: str) -> bool:
+    """Remove a local image by tag (its layers go with it unless shared); False when absent."""
+    try:
+        client.images.remove(image, force=True)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
 def image_identity(client: docker.DockerClient, image: str) -> tuple[str, str]:
     """(image id, digest-ish string) of a local image, or a RunError with the fix."""
     try:
