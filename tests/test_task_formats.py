@@ -291,3 +291,15 @@ def test_verifier_requirements_from_common_test_scripts():
     files = {"/tests/requirements.txt": "httpx==0.27.0  # pinned\n\n"}
     assert verifier_requirements(venv, files.get) == ["pytest==8.4.1", "requests>=2,<3", "httpx==0.27.0", "numpy", "pandas==2.2.3"]
     assert verifier_requirements("#!/bin/bash\npython3 /tests/check.py\n") == []
+
+
+def test_suites_check_reports_tasks_no_agent_can_run_as_broken_rows():
+    from harness.engine.check import check_suite
+    from harness.model.errors import NothingToRun
+
+    def oracle_cannot_start(agent: str):
+        raise NothingToRun("no task can run here", {"a": "task a has no solution", "b": "task b has no solution"})
+
+    checks, runs = check_suite(oracle_cannot_start, ["a", "b"])
+    assert runs == [] and [c.task for c in checks] == ["a", "b"]
+    assert all(not c.ok and c.oracle == "not run" and "has no solution" in c.reasons[0] for c in checks)

@@ -169,6 +169,7 @@ case "$HARNESS_TASK_ID" in
   vandal) rm -rf /logs/verifier; mkdir -p /tests; echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh; chmod 000 /logs ;;
   hang|garbage|json|ctrf|separate) echo hello > /app/out.txt; echo agent-only > /app/other.txt ;;
   smuggle) ln -s /tests/expected.txt /app/out.txt ;;
+  plant)  printf 'import sys\nsys.exit(0)\n' > /app/unittest.py ;;
 esac
 exit 0
 """
@@ -201,8 +202,15 @@ def test_verifier_shared_and_separate_rewards_and_tampering(docker_client, tmp_p
                               'trials = 1\nk = [1]\nmax_reruns = 0\n', "agent/agent.sh": AGENT})
     harbor(s, "smuggle", "#!/bin/bash\nif cmp -s /app/out.txt /tests/expected.txt; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
            verifier='timeout_sec = 20.0\nenvironment_mode = "separate"', extra_files={"tests/expected.txt": "the answer\n"})
+    harbor(s, "plant", "#!/bin/bash\ncd /app && python3 -m unittest discover -s /tests && echo 1 > /logs/verifier/reward.txt "
+                       "|| echo 0 > /logs/verifier/reward.txt\n", artifacts='["/app"]',
+           verifier='timeout_sec = 20.0\nenvironment_mode = "separate"',
+           extra_files={"tests/test_out.py": "import unittest\n\nclass T(unittest.TestCase):\n    def test_out(self):\n"
+                                             "        self.assertEqual(open('/app/out.txt').read(), 'hello\\n')\n"})
     out, store = run_json(tmp_path, s, ok=False)
     tasks = {t: v[0] for t, v in by_task(store, out["run_id"]).items()}
+    # a module the agent left in the carried working directory is not what the verifier imports
+    assert tasks["plant"].outcome == "fail" and tasks["plant"].reward == 0.0, (tasks["plant"].grade_reason, tasks["plant"].error)
     smuggle = tasks["smuggle"]
     assert smuggle.outcome == "fail" and "not carried" in (smuggle.error or ""), (smuggle.grade_reason, smuggle.error)
 

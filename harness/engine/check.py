@@ -15,6 +15,7 @@ from typing import Any, Callable
 from harness.core.outcome import first_clean
 from harness.engine.agents import NOP, ORACLE
 from harness.model.attempt import AttemptRecord
+from harness.model.errors import NothingToRun
 
 
 @dataclass
@@ -53,9 +54,15 @@ def check_suite(run_one: Callable[[str], tuple[Any, list[AttemptRecord]]], task_
     checks = {t: TaskCheck(t) for t in task_ids}
     run_ids = []
     for agent in (ORACLE, NOP):
-        run, attempts = run_one(agent)
-        run_ids.append(run.id)
-        for t, why in (run.excluded or {}).items():
+        try:
+            run, attempts = run_one(agent)
+        except NothingToRun as e:  # e.g. no task has a solution: every task is a broken row, not an error
+            run, attempts = None, []
+            excluded = e.excluded
+        else:
+            run_ids.append(run.id)
+            excluded = run.excluded or {}
+        for t, why in excluded.items():
             c = checks.setdefault(t, TaskCheck(t))
             setattr(c, agent, "not run")
             line = why.splitlines()[0][:400]

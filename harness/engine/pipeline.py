@@ -459,7 +459,7 @@ class _Attempt:
                 tar = job.artifacts / f"{f.name}.tar"
                 if tar.is_file():
                     if f.path:  # the image's own copy of that path must not mix with the agent's
-                        sep.exec(["rm", "-rf", "--", f.path], timeout=60, user="0:0")
+                        sep.exec(["rm", "-rf", "--", f.path], timeout=60, user="0:0", workdir="/")
                     safe = tar.with_name(f"{f.name}.carried.tar")
                     dropped = without_outward_links(tar, safe)
                     if dropped:

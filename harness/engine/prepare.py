@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from harness.engine import agents
 from harness.engine.taskimages import build_task_images
-from harness.model.errors import RunError
+from harness.model.errors import NothingToRun, RunError
 from harness.model.profile import Profile
 from harness.model.suite import Suite, Task
 from harness.model.state import VerifierGraderSpec
@@ -115,7 +115,7 @@ def prepare_tasks(client: Any, suite: Suite, tasks: list[Task], profile: Profile
     _service_images(client, out.tasks, suite, log)
     if not out.tasks:
         lines = "\n".join(f"  {k}: {v.splitlines()[0][:300]}" for k, v in out.excluded.items())
-        raise RunError(f"no task of suite {suite.name} can run here:\n{lines}")
+        raise NothingToRun(f"no task of suite {suite.name} can run here:\n{lines}", out.excluded)
     return out
 
 

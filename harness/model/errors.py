@@ -53,6 +53,14 @@ class RunError(UsageError):
     """A run cannot start or resume as asked (bad options, missing image, changed suite)."""
 
 
+class NothingToRun(RunError):
+    """No task of the suite can run here (``excluded``: task id -> why)."""
+
+    def __init__(self, message: str, excluded: dict[str, str]):
+        super().__init__(message)
+        self.excluded = dict(excluded)
+
+
 class SchedulerError(UsageError):
     """The envelope cannot be scheduled on this machine; the message says what would fit."""
 

@@ -427,7 +427,7 @@ class DockerSandbox(Sandbox):
             return
         if not self.spec.writable_root:
             raise SandboxError(f"sandbox {self.name} has no late directory {dest} (declare it when the sandbox is made)")
-        reset = self.exec(["sh", "-c", 'rm -rf -- "$1" && mkdir -p -- "$1"', "sh", dest], timeout=60, user=ROOT)
+        reset = self.exec(["sh", "-c", 'rm -rf -- "$1" && mkdir -p -- "$1"', "sh", dest], timeout=60, user=ROOT, workdir="/")
         if reset.exit_code != 0:
             raise SandboxError(f"cannot make {dest} in {self.name}: {(reset.stderr or reset.stdout).strip()[-200:]}")
         parent, top = os.path.split(dest.rstrip("/"))
@@ -436,7 +436,7 @@ class DockerSandbox(Sandbox):
     def put_archive(self, dest: str, tar_path: Path) -> None:
         if not self.spec.writable_root:
             raise SandboxError(f"sandbox {self.name} has a read-only root; files reach it through its mounts")
-        mk = self.exec(["mkdir", "-p", "--", dest], timeout=60, user=ROOT)
+        mk = self.exec(["mkdir", "-p", "--", dest], timeout=60, user=ROOT, workdir="/")
         if mk.exit_code != 0:
             raise SandboxError(f"cannot make {dest} in {self.name}: {(mk.stderr or mk.stdout).strip()[-200:]}")
         with open(tar_path, "rb") as f:
@@ -720,7 +720,7 @@ class DockerSandbox(Sandbox):
                 # (what the agent left there is moved aside as evidence, not deleted)
                 r = self.exec(["sh", "-c", 'd=$(dirname -- "$1"); if [ -L "$d" ]; then rm -f -- "$d"; fi; mkdir -p -- "$d" && '
                                'chmod 0755 -- "$d" && rm -rf -- "$1.before-grading" && { mv -- "$1" "$1.before-grading" 2>/dev/null; '
-                               'rm -rf -- "$1"; } && mkdir -p -- "$1" && chmod 0777 -- "$1"', "sh", p], timeout=60, user=ROOT)
+                               'rm -rf -- "$1"; } && mkdir -p -- "$1" && chmod 0777 -- "$1"', "sh", p], timeout=60, user=ROOT, workdir="/")
                 if r.exit_code != 0:
                     unreset.append(p)
                     problems.append(f"could not empty {p}: {(r.stderr or r.stdout).strip()[-200:]}")

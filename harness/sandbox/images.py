@@ -59,25 +59,6 @@ def context_files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 
 
-def hash_tree(root: Path, extra: str = "", files: list[str] | None = None) -> str:
-    """sha256 over the files' relative paths and bytes (all of ``root`` by default), plus ``extra``."""
-    h = hashlib.sha256(extra.encode())
-    for rel in sorted(files if files is not None else context_files(root)):
-        h.update(rel.encode() + b"\0")
-        h.update((root / rel).read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _context_tar(root: Path, files: list[str]) -> io.BytesIO:
-    """A build context holding exactly ``files`` (what the inputs hash covers, nothing else)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for rel in sorted(files):
-            tf.add(root / rel, arcname=rel, recursive=False)
-    buf.seek(0)
-    return buf
-
-
 def remove_image(client: docker.DockerClient, image: str) -> bool:
     """Remove a local image by tag (its layers go with it unless shared); False when absent."""
     try:

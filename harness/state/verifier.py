@@ -102,9 +102,16 @@ class VerifierGrader(Grader):
                 tests[name] = (data, 0o755)
         for name, body in tb_helpers([tests.get(n, (None, 0))[0] for n in tests if n.endswith(".sh")], set(tests)).items():
             tests[name] = (body.encode(), 0o755)
+        env = {"TEST_DIR": TESTS_DIR, **g.env}
+        if g.mode == "separate" or (g.user and g.user != task.sandbox.user):
+            # a verifier apart from the agent, or with more rights than it: Python must not import
+            # what the agent left in the working directory (`python -m pytest` puts it first on
+            # sys.path); the tests' own directory stays importable
+            env["PYTHONSAFEPATH"] = "1"
+            env["PYTHONPATH"] = TESTS_DIR + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
         return GradePlan(
             cmd=list(g.command), site="sandbox" if g.mode == "shared" else "separate", output="reward",
-            tests=tests, env={"TEST_DIR": TESTS_DIR, **g.env}, user=g.user or task.sandbox.user,
+            tests=tests, env=env, user=g.user or task.sandbox.user,
             # never an agent-writable /tmp: `python -m pytest` puts its cwd first on sys.path
             workdir=task.sandbox.workdir or (TESTS_DIR if tests else "/"), reset=[VERIFIER_DIR],
             reads=[ExportFile(name, cap, path=f"{VERIFIER_DIR}/{name}") for name, cap in READS.items()],
