@@ -118,7 +118,8 @@ def check(
 
     A task is broken when its oracle does not pass (unsolvable as packaged: tests, image or
     solution wrong here), when nop passes (the grader accepts an untouched state), or when
-    it cannot run here (its image does not build offline, it has no solution). Both runs
+    it cannot run here (its image does not build offline, it has no solution, it uses a part
+    of Harbor's format not supported yet: `harness suites show DIR` lists those). Both runs
     are stored like any other (see `harness runs`). Exit 1 when any task is broken.
 
     Examples:
