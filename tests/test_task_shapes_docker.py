@@ -536,3 +536,20 @@ def test_a_verifier_directory_the_agent_locked_is_never_read_as_its_reward(docke
     out, store = run_json(tmp_path, suite, ok=False)
     [a] = store.attempts(out["run_id"])
     assert a.outcome == "fail" and a.reward in (None, 0.0), (a.reward, a.grade_reason, a.error)
+
+
+def test_files_state_in_a_writable_root_sees_an_outward_link_as_a_change(docker_client, tmp_path):
+    # a Harbor-format files task (ops/config-repair): graded in a fresh container, links carried as links
+    import shlex
+
+    code = ("import json, os\n"
+            "p = '/app/config/service.toml'\n"
+            "t = open(p).read().replace('port = \"80a\"', 'port = 8080')\n"
+            "open(p, 'w').write(t)\n"
+            "q = '/app/config/settings.json'\n"
+            "c = json.load(open(q)); c['workers'] = 4; json.dump(c, open(q, 'w'))\n"
+            "os.symlink('/etc/passwd', '/app/config/pw')\n")
+    out, store = run_json(tmp_path, Path("ops"), "--tasks", "config-repair", "--trials", "1", "--k", "1", "--max-reruns", "0",
+                          "--agent-cmd", shlex.join(["python3", "-c", code]), ok=False)
+    [a] = store.attempts(out["run_id"])
+    assert a.outcome == "fail" and "extra effect" in a.grade_reason and "/app/config/pw" in a.grade_reason, (a.grade_reason, a.error)
