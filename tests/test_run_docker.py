@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import missing
 from harness.sandbox.images import SANDBOX_IMAGE
 from harness.sandbox.owners import LABEL
 from harness.store.store import Store
@@ -165,7 +166,7 @@ def test_rows_committed_in_wal_mode_are_graded(docker_client, tmp_path):
 def test_concurrent_attempts_never_share_a_core(docker_client, tmp_path):
     """With no core reserved, both cores take trials at once: two workers, exclusive cpusets."""
     if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two cores")
+        missing("needs two cores (CI/HARNESS_REQUIRE_DOCKER machines have them)")
     r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "4", "--k", "1,2", "--reserve-cores", "0", "--max-reruns", "30",
                 "--db", db_url(tmp_path), "--json")
     assert r.returncode == 0, r.stderr

@@ -114,9 +114,10 @@ def run(
                       f"(continue it with `harness run --resume {r.id}`).")
             raise typer.Exit(130)
     wall = time.monotonic() - t0
-    summary = summarize(runner.store.get_run(r.id), runner.store.attempts(r.id))
+    stored = runner.store.get_run(r.id)
+    summary = summarize(stored, runner.store.attempts(r.id))
     summary["wall_s"] = round(wall, 1)
-    not_run = dict(runner.store.get_run(r.id).excluded or {})
+    not_run = dict(stored.excluded or {})
     summary["not_run"] = not_run
     if json_out:
         print(json.dumps(summary, indent=2))

@@ -39,6 +39,7 @@ from harness.model.profile import Profile
 from harness.model.run import RunRecord
 from harness.model.suite import Suite, Task
 from harness.model.units import utcnow
+from harness.sandbox.basemap import BaseMap
 from harness.sandbox.docker_backend import DockerBackend
 from harness.sandbox.docker_sandbox import connect
 from harness.sandbox.images import INPUTS_LABEL, SANDBOX_IMAGE, SUITE_LABEL, dockerfile_inputs, image_identity, image_labels
@@ -175,6 +176,10 @@ class Runner:
         agent_cmd = agents.run_agent_cmd(opts.agent, opts.agent_cmd, suite)
         explicit = opts.profile_obj is not None or opts.profile is not None
         task_overrides = suite.format == "native" or not explicit
+        try:  # a malformed --base-map is a usage error, before any engine is asked
+            BaseMap.parse(opts.base_map, suite.base_map)
+        except ValueError as e:
+            raise RunError(str(e)) from None
         client = client or connect()
         prep = prepare_tasks(client, suite, tasks, profile, task_overrides, agent_cmd, pool.size, opts.agent_image,
                              opts.base_map, opts.log)

@@ -93,6 +93,19 @@ class SuiteFiles:
     def has(self, rel: str) -> bool:
         return self.key(rel) in self.data
 
+    def check(self, rel: str, src: str, key: str, problems: list[str], what: str = "file", outside: str = "") -> bool:
+        """``rel`` (named by ``key`` in ``src``) is inside the suite and is a ``what``: file,
+        directory, or either; else one line in ``problems``."""
+        if not self.inside(rel):
+            problems.append(f"{src}: {key}: {rel!r} is outside the suite directory{outside}")
+            return False
+        found = {"file": self.has, "directory": self.has_dir}.get(what) or (lambda r: self.has(r) or self.has_dir(r))
+        if not found(rel):
+            empty = " (or it holds no files)" if what != "file" else ""
+            problems.append(f"{src}: {key}: no such {what} {self.display(rel)}{empty}")
+            return False
+        return True
+
     def text(self, rel: str) -> str:
         return self.data[self.key(rel)].decode("utf-8", errors="replace")
 
@@ -226,16 +239,12 @@ def _check_suite_files(files: SuiteFiles, spec: SuiteSpec, problems: list[str]) 
     src = files.display(SUITE_FILE)
     if spec.dockerfile and spec.image:
         _check_dockerfile(files, spec.dockerfile, problems)
-    if spec.agent_dir and not (files.inside(spec.agent_dir) and files.has_dir(spec.agent_dir)):
-        problems.append(f"{src}: agent_dir: no such directory {files.display(spec.agent_dir)} inside the suite")
+    if spec.agent_dir:
+        files.check(spec.agent_dir, src, "agent_dir", problems, "directory")
 
 
 def _check_dockerfile(files: SuiteFiles, dockerfile: str, problems: list[str]) -> None:
-    src = files.display(SUITE_FILE)
-    if not files.inside(dockerfile):
-        problems.append(f"{src}: dockerfile: {dockerfile!r} is outside the suite directory (the build context)")
-    elif not files.has(dockerfile):
-        problems.append(f"{src}: dockerfile: no such file {files.display(dockerfile)}")
+    files.check(dockerfile, files.display(SUITE_FILE), "dockerfile", problems, outside=" (the build context)")
 
 
 def _load_tasks(files: SuiteFiles, spec: SuiteSpec | None, problems: list[str]) -> list[Task]:
@@ -288,8 +297,7 @@ def check_tasks(files: SuiteFiles, spec: SuiteSpec, tasks: list[Task], problems:
             if task.image is None and spec.image is None:
                 problems.append(f"{src}: image: the task names no image and {SUITE_FILE} has none")
                 good = False
-            if task.solution is not None and not (files.inside(task.solution) and (files.has(task.solution) or files.has_dir(task.solution))):
-                problems.append(f"{src}: solution: no such file or directory {files.display(task.solution)} inside the suite")
+            if task.solution is not None and not files.check(task.solution, src, "solution", problems, "file or directory"):
                 good = False
             if good:
                 ok.append(task)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from harness.model.errors import SuiteError
 from harness.model.profile import Profile
 from harness.model.sandbox import LOGS_DIR
 from harness.model.state import ContainerStateSpec
@@ -54,4 +55,5 @@ class ContainerState(StateKind):
         return self._artifacts(task)
 
     def expectations_plan(self, suite: Suite, task: Task) -> GradePlan:
-        raise NotImplementedError("a container state is judged by a verifier")
+        # the task model refuses expectations on a container state when the suite is loaded
+        raise SuiteError(f"task {task.id}: a `container` state is judged by a verifier ([grader] kind = \"verifier\"), not expectations")

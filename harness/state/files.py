@@ -80,13 +80,7 @@ class FilesState(StateKind):
         spec = _spec(task)
         ok = True
         for path, rel in spec.paths.items():
-            if rel is None:
-                continue
-            if not files.inside(rel):
-                problems.append(f"{src}: state.paths.{path}: {rel!r} is outside the suite directory")
-                ok = False
-            elif not files.has_dir(rel):
-                problems.append(f"{src}: state.paths.{path}: no such directory {files.display(rel)} (or it holds no files)")
+            if rel is not None and not files.check(rel, src, f"state.paths.{path}", problems, "directory"):
                 ok = False
         for key in ("expect", "unchanged", "allow"):
             for i, item in enumerate(getattr(task, key)):

@@ -161,28 +161,12 @@ def grade_spec(task: Task) -> dict:
 
 def check_sql_sources(files: Any, sources: list[str], src: str, problems: list[str]) -> bool:
     """The suite's ``state_sql`` files exist inside the suite."""
-    ok = True
-    for i, rel in enumerate(sources):
-        if not files.inside(rel):
-            problems.append(f"{src}: state_sql.{i}: {rel!r} is outside the suite directory")
-            ok = False
-        elif not files.has(rel):
-            problems.append(f"{src}: state_sql.{i}: no such file {files.display(rel)}")
-            ok = False
-    return ok
+    return all([files.check(rel, src, f"state_sql.{i}", problems) for i, rel in enumerate(sources)])
 
 
 def check_fixture_file(files: Any, src: str, task: Task, problems: list[str]) -> bool:
     """A task's ``fixture`` file exists inside the suite."""
-    if task.fixture is None:
-        return True
-    if not files.inside(task.fixture):
-        problems.append(f"{src}: fixture: {task.fixture!r} is outside the suite directory")
-        return False
-    if not files.has(task.fixture):
-        problems.append(f"{src}: fixture: no such file {files.display(task.fixture)}")
-        return False
-    return True
+    return task.fixture is None or files.check(task.fixture, src, "fixture", problems)
 
 
 def sql_fixture_text(files: Any, spec: SuiteSpec, task: Task) -> str:

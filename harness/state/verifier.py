@@ -69,17 +69,11 @@ class VerifierGrader(Grader):
 
     def check_task(self, files: Any, src: str, task: Task, problems: list[str]) -> bool:
         g = _spec(task)
-        for name, rel in g.extra.items():
-            if not (files.inside(rel) and files.has(rel)):
-                problems.append(f"{src}: grader.extra.{name}: no such file {files.display(rel)} inside the suite")
-                return False
+        if not all([files.check(rel, src, f"grader.extra.{name}", problems) for name, rel in g.extra.items()]):
+            return False
         if g.tests is None:
             return True
-        if not files.inside(g.tests):
-            problems.append(f"{src}: grader.tests: {g.tests!r} is outside the suite directory")
-            return False
-        if not files.has_dir(g.tests):
-            problems.append(f"{src}: grader.tests: no such directory {files.display(g.tests)}")
+        if not files.check(g.tests, src, "grader.tests", problems, "directory"):
             return False
         for arg in g.command:
             if arg.startswith(TESTS_DIR + "/"):
