@@ -36,11 +36,18 @@ def run_json(tmp_path: Path, suite: Path, *args: str, ok: bool = True) -> tuple[
     return json.loads(r.stdout), Store.open(db, mode="ro")
 
 
-def by_task(store: Store, run_id: str) -> dict[str, list]:
+def by_task(store: Store, run_id: str, clean_only: bool = True) -> dict[str, list]:
+    """Attempts per task; by default the clean ones (a slot rerun after the host's contention
+    has a discarded attempt too, which is evidence, not the slot's result)."""
     out: dict[str, list] = {}
     for a in store.attempts(run_id):
-        out.setdefault(a.task_id, []).append(a)
+        if a.verdict == "clean" or not clean_only:
+            out.setdefault(a.task_id, []).append(a)
     return out
+
+
+def clean(store: Store, run_id: str) -> list:
+    return [a for a in store.attempts(run_id) if a.verdict == "clean"]
 
 
 def leftovers(client, run_id: str) -> list[str]:
@@ -199,7 +206,7 @@ def test_verifier_shared_and_separate_rewards_and_tampering(docker_client, tmp_p
         echo $r > /logs/verifier/reward.txt
         """, verifier='timeout_sec = 20.0\nenvironment_mode = "separate"')
     write(s, {"harness.toml": 'name = "shapes-harbor"\nagent_cmd = ["bash", "/harness/agent/agent.sh"]\nagent_dir = "agent"\n'
-                              'trials = 1\nk = [1]\nmax_reruns = 0\n', "agent/agent.sh": AGENT})
+                              'trials = 1\nk = [1]\nmax_reruns = 3\n', "agent/agent.sh": AGENT})
     harbor(s, "smuggle", "#!/bin/bash\nif cmp -s /app/out.txt /tests/expected.txt; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
            verifier='timeout_sec = 20.0\nenvironment_mode = "separate"', extra_files={"tests/expected.txt": "the answer\n"})
     harbor(s, "plant", "#!/bin/bash\ncd /app && python3 -m unittest discover -s /tests && echo 1 > /logs/verifier/reward.txt "
@@ -327,8 +334,8 @@ def test_services_reachable_by_name_measured_and_removed_and_unhealthy_is_infra(
         out, store = run_json(tmp_path, suite, ok=False)
     finally:
         host.shutdown()
-    tasks = by_task(store, out["run_id"])
-    ask = tasks["ask"]
+    tasks = by_task(store, out["run_id"], clean_only=False)
+    ask = [a for a in tasks["ask"] if a.verdict == "clean"]
     assert [a.outcome for a in ask] == ["pass", "pass"]
     for a in ask:
         reach = [ln.split() for ln in (Path(a.artifacts) / "stdout.txt").read_text().splitlines() if ln.startswith("host-reach")]
@@ -487,7 +494,7 @@ def test_verifiers_that_fetch_uv_and_pytest_at_test_time_work_offline(docker_cli
     doc = json.loads(r.stdout)
     assert all(t["ok"] for t in doc["tasks"]) and len(doc["tasks"]) == 2, doc["tasks"]
     store = Store.open(f"sqlite:///{tmp_path}/h.db", mode="ro")
-    oracle = [a for a in store.attempts(doc["runs"][0]) if a.task_id == "uvx-style"][0]
+    oracle = [a for a in clean(store, doc["runs"][0]) if a.task_id == "uvx-style"][0]
     said = (Path(oracle.artifacts) / "verifier-stderr.txt").read_text()
     assert "using this image's /usr/bin/python3" in said and "installer was not fetched" in said
     run = store.get_run(doc["runs"][0])
@@ -504,7 +511,7 @@ def test_terminal_bench_task_yaml_with_its_sourced_helpers_passes_with_oracle(do
         "tests/test_outputs.py": "from pathlib import Path\n\ndef test_hello():\n    assert Path('/app/hello.txt').read_text().strip() == 'Hello, world!'\n",
     })
     out, store = run_json(tmp_path, tmp_path / "tb", "--agent", "oracle", "--trials", "1", "--k", "1")
-    [a] = store.attempts(out["run_id"])
+    [a] = clean(store, out["run_id"])
     assert a.outcome == "pass" and a.reward == 1.0, (a.grade_reason, a.error)
 
 
@@ -518,7 +525,7 @@ def test_a_verifier_directory_the_agent_locked_is_never_read_as_its_reward(docke
             state = "files"
             trials = 1
             k = [1]
-            max_reruns = 0
+            max_reruns = 3
             agent_cmd = ["sh", "-c", "echo 1 > /logs/verifier/reward.txt; chmod 444 /logs/verifier/reward.txt; chmod 555 /logs/verifier; chmod 555 /logs; cp /usr/bin/python3 /tmp/unittest.py 2>/dev/null; true"]
             """,
         "tests/check/test.sh": "#!/bin/sh\necho 0 > /logs/verifier/reward.txt\n",
@@ -534,7 +541,7 @@ def test_a_verifier_directory_the_agent_locked_is_never_read_as_its_reward(docke
             """,
     })
     out, store = run_json(tmp_path, suite, ok=False)
-    [a] = store.attempts(out["run_id"])
+    [a] = clean(store, out["run_id"])
     assert a.outcome == "fail" and a.reward in (None, 0.0), (a.reward, a.grade_reason, a.error)
 
 
@@ -549,7 +556,7 @@ def test_files_state_in_a_writable_root_sees_an_outward_link_as_a_change(docker_
             "q = '/app/config/settings.json'\n"
             "c = json.load(open(q)); c['workers'] = 4; json.dump(c, open(q, 'w'))\n"
             "os.symlink('/etc/passwd', '/app/config/pw')\n")
-    out, store = run_json(tmp_path, Path("ops"), "--tasks", "config-repair", "--trials", "1", "--k", "1", "--max-reruns", "0",
+    out, store = run_json(tmp_path, Path("ops"), "--tasks", "config-repair", "--trials", "1", "--k", "1", "--max-reruns", "3",
                           "--agent-cmd", shlex.join(["python3", "-c", code]), ok=False)
-    [a] = store.attempts(out["run_id"])
+    [a] = clean(store, out["run_id"])
     assert a.outcome == "fail" and "extra effect" in a.grade_reason and "/app/config/pw" in a.grade_reason, (a.grade_reason, a.error)
