@@ -41,7 +41,7 @@ MiB = 1 << 20
 ORDER = [
     "fork-bomb", "memory-hog", "fill-disk", "stdout-flood", "cpu-threads", "sleep-forever",
     "sigterm-orphans", "kill-init", "hijack-keeper", "network-egress", "write-system",
-    "export-symlink-passwd", "export-symlink-host", "export-special", "export-dir",
+    "io-uring", "vsock", "export-symlink-passwd", "export-symlink-host", "export-special", "export-dir",
     "export-wal", "export-giant", "export-malformed", "export-at-caps",
     "state-memory-bomb", "state-slow-rows", "state-view-table", "state-huge-rows", "state-huge-wal", "state-many-tables",
     "benign",
@@ -350,6 +350,23 @@ def test_root_fs_proc_and_sys_are_not_writable(hostile):
     # the host's kernel settings the agent went for are unchanged
     assert hostile["after"]["core_pattern"] == hostile["before"]["core_pattern"]
     assert hostile["after"]["hostname"] == hostile["before"]["hostname"]
+
+
+def test_io_uring_is_refused_by_the_seccomp_profile(hostile):
+    seen = last(hostile, "io-uring")
+    # EPERM from the filter for all three (reachable, enter on fd -1 would say EBADF)
+    assert (seen["setup"], seen["enter"], seen["register"]) == ("EPERM", "EPERM", "EPERM"), seen
+    assert row(hostile, "io-uring").failure_kind == "wrong_state"
+
+
+def test_vsock_sockets_are_refused_by_the_seccomp_profile(hostile):
+    seen = last(hostile, "vsock")
+    assert seen["socket_stream"] in ("EPERM", "EAFNOSUPPORT"), seen
+    assert seen["socket_dgram"] in ("EPERM", "EAFNOSUPPORT"), seen
+    assert seen["connect"] == "no socket", seen  # nothing reached the VM host (CID 2)
+    # the family's upper 32 bits set (the kernel reads an int): refused as well
+    assert seen.get("socket_hi32", "EPERM") == "EPERM", seen
+    assert row(hostile, "vsock").failure_kind == "wrong_state"
 
 
 # --------------------------------------------------------------------------- export escapes

@@ -11,7 +11,10 @@ compared with, both measured here and now, interleaved so drift hits both equall
      loop doing the same work, the way compose-based harnesses run trials;
   4. estimator: suite metrics for 10^5 tasks x 100 trials vs a plain Python pass over the data;
   5. report query: summarising one run in a SQLite store of 10^6 attempts vs a raw sqlite3
-     query of the same rows.
+     query of the same rows;
+  6. model gateway: one call through the gateway vs the same call made directly to the same
+     bench upstream (a local HTTP server answering like a provider, not a model), interleaved
+     from one container; and what the gateway adds to an attempt (attach, token, records, detach).
 
 Usage: python -m harness.cli.bench [--rounds N] [--json]   (``make bench``)
 """
@@ -406,6 +409,112 @@ def bench_task_builds(suite: str = "ops") -> dict:
     }
 
 
+_CALLER = r"""
+import json, os, statistics, sys, time, urllib.request
+n = int(sys.argv[1]); body = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "hi"}]}).encode()
+def call(url, tok):
+    t = time.perf_counter()
+    req = urllib.request.Request(url, data=body, headers={"Authorization": "Bearer " + tok, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        r.read()
+    return time.perf_counter() - t
+via, direct = [], []
+for i in range(n):  # interleaved, so drift hits both equally
+    via.append(call(os.environ["VIA"], os.environ["TOK"]))
+    direct.append(call(os.environ["DIRECT"], "x"))
+print(json.dumps({"via": via, "direct": direct}))
+"""
+
+
+def _bench_upstream():
+    """A local HTTP server answering like a provider (fixed body with usage): the bench's upstream."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = json.dumps({"id": "bench", "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                       "usage": {"prompt_tokens": 5, "completion_tokens": 1}}).encode()
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("0.0.0.0", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def bench_gateway(client, calls: int = 300, rounds: int = 15) -> dict:
+    from harness.sandbox.gateway import API_PORT, GATEWAY_NAME, Gateway, new_token
+
+    srv = _bench_upstream()
+    port = srv.server_address[1]
+    pool = CpuPool.for_host()
+    run_id = f"rbench-gw-{os.getpid()}"
+    gw = Gateway(client, run_id, list(pool.reserved) or list(pool.cpus), {"concurrency": 64},
+                 {"openai": (f"http://host.docker.internal:{port}/v1", "bench-key")})
+    backend = DockerBackend(client)
+    per_attempt = []
+    try:
+        gw.start()
+        net = backend.network({"dev.harness.run": run_id})
+        try:
+            for _ in range(rounds):  # what an attempt pays for its gateway: attach, token, records back, detach
+                t = time.perf_counter()
+                ip = gw.attach(net.name)
+                tok = new_token(run_id)
+                gw.register(tok, "bench/0/1", "gateway", [], ip)
+                gw.close(tok)
+                gw.detach(net.name)
+                per_attempt.append(time.perf_counter() - t)
+            ip = gw.attach(net.name)
+            tok = new_token(run_id)
+            gw.register(tok, "bench/0/1", "gateway", [], ip)
+            c = client.containers.create(SANDBOX_IMAGE, ["python3", "-c", _CALLER, str(calls)], network=net.name,
+                                         labels={LABEL: "1", "dev.harness.run": run_id},
+                                         environment={"VIA": f"http://{GATEWAY_NAME}:{API_PORT}/openai/v1/chat/completions",
+                                                      "DIRECT": f"http://host.docker.internal:{port}/v1/chat/completions", "TOK": tok},
+                                         extra_hosts={"host.docker.internal": "host-gateway"})
+            client.networks.get("bridge").connect(c)
+            c.start()
+            c.wait(timeout=600)
+            out = json.loads(c.logs(stdout=True, stderr=False).decode().strip().splitlines()[-1])
+            c.remove(force=True)
+            recorded = len(gw.close(tok)[0])
+            gw.detach(net.name)
+        finally:
+            net.remove()
+    finally:
+        gw.stop()
+        srv.shutdown()
+    via, direct = out["via"], out["direct"]
+    med_v, med_d = statistics.median(via), statistics.median(direct)
+    return {
+        "name": f"model gateway: a call through it vs the same call direct ({calls} each, interleaved)",
+        "call via gateway median / p99 (ms)": f"{1000 * med_v:.2f} / {1000 * _pct(via, 0.99):.2f}",
+        "call direct median / p99 (ms)": f"{1000 * med_d:.2f} / {1000 * _pct(direct, 0.99):.2f}",
+        "added per call, median (ms)": round(1000 * (med_v - med_d), 2),
+        "ratio (median)": round(med_v / med_d, 2) if med_d else None,
+        "calls recorded by the gateway": recorded,
+        f"per attempt, median of {rounds} (ms) [min-max]": f"{1000 * statistics.median(per_attempt):.0f} "
+                                                          f"[{1000 * min(per_attempt):.0f}-{1000 * max(per_attempt):.0f}]",
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="harness.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "15")))
@@ -421,6 +530,7 @@ def main(argv: list[str] | None = None) -> None:
         bench_task_builds(),
         bench_estimator(),
         bench_report_query(),
+        bench_gateway(client),
     ]
     if args.json:
         print(json.dumps(results, indent=2))

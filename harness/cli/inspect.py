@@ -22,16 +22,19 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.cli.app import DB_HELP, EXIT_FAIL, console, die, err
+from harness.cli.report import PRICES_HELP, load_prices
 from harness.report.views import (
     SAMPLE_COLUMNS,
     SAMPLE_FIELDS,
     TRIAL_FIELDS,
     Thresholds,
+    call_rows,
     chart,
     csv_value,
     derive_series,
     diff_lines,
     diff_summary,
+    egress_rows,
     envelope_rows,
     fields_help,
     fields_text,
@@ -44,8 +47,10 @@ from harness.report.views import (
     sort_rows,
     tail_text,
     trial_row,
+    upstream_lines,
 )
 from harness.model.units import format_size
+from harness.report.usage import attempt_usage
 
 ARTIFACT_FILES = ("stdout.txt", "stderr.txt", "transcript.jsonl", "grade-stderr.txt", "verifier-stdout.txt", "verifier-stderr.txt")
 OPTIONAL_FILES = ("grade-stderr.txt", "verifier-stdout.txt", "verifier-stderr.txt")  # shown only when present
@@ -92,6 +97,10 @@ Examples:
 
   harness trials last --csv > trials.csv
 
+  harness trials last --prices prices.toml --sort=-cost_usd
+
+For attempts whose agent called a model through the gateway, the table adds calls, tokens in/out ("-" = not reported, never 0), upstream errors, waiting time beside the agent's wall time and, with --prices, cost.
+
   harness trials --fields
 
 Fields of --json / --csv (name, unit, meaning; "fraction" is a share 0..1):
@@ -111,6 +120,7 @@ def trials(
     json_out: bool = typer.Option(False, "--json", help="JSON list of rows (field names of --fields)."),
     csv_out: bool = typer.Option(False, "--csv", help="CSV with a header row (field names of --fields)."),
     show_fields: bool = typer.Option(False, "--fields", help="Print every field with its unit and meaning, then exit."),
+    prices: Optional[Path] = typer.Option(None, "--prices", help=PRICES_HELP),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     if show_fields:
@@ -122,13 +132,14 @@ def trials(
         die(f"--verdict {verdict!r}: expected clean or discarded")
     if outcome is not None and outcome not in ("pass", "fail"):
         die(f"--outcome {outcome!r}: expected pass or fail")
+    table_prices = load_prices(prices)
     store = _open(db)
     r = _run_or_die(store, run or "last")
     unknown = [t for t in task if t not in (r.task_ids or [])]
     if unknown:
         die(f"run {r.id} has no task {', '.join(unknown)}; its tasks: {', '.join(r.task_ids or []) or 'none'}")
     th = Thresholds.from_profile(r.profile_json)
-    rows = [trial_row(a, th) for a in store.attempts(r.id)]
+    rows = [trial_row(a, th, table_prices) for a in store.attempts(r.id)]
     if task:
         rows = [x for x in rows if x["task"] in task]
     if verdict:
@@ -155,7 +166,7 @@ def trials(
         err.print(f"run {r.id}: no attempts match the filters", highlight=False)
         return
     title = f"run {r.id} · {r.suite} · profile {r.profile} · {len(rows)} attempt(s)"
-    table, hidden = trials_table(rows, th, title, width=console.width)
+    table, hidden = trials_table(rows, th, title, width=console.width, priced=table_prices is not None)
     console.print(table)
     if hidden:
         console.print(f"[dim]left out for width: {', '.join(hidden)} (widen the terminal, or --json / --csv for every field)[/]")
@@ -197,12 +208,15 @@ def _attempt_dict(a: Any) -> dict[str, Any]:
 def show(
     attempt: str = typer.Argument(..., help="Attempt id (see `harness trials RUN`)."),
     json_out: bool = typer.Option(False, "--json", help="The whole record as one JSON document."),
+    prices: Optional[Path] = typer.Option(None, "--prices", help=PRICES_HELP),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Everything about one attempt, including why it was discarded.
 
     Identity, envelope (profile vs read back), counters, SLA rule results, grader reason and checks, the state diff against the fixture,
-    stdout / stderr / transcript tails and the saturation time series as a chart.
+    stdout / stderr / transcript tails and the saturation time series as a chart. An attempt whose agent called a model through
+    the gateway adds its model calls (one line each, the first 50), the upstream summary (working time = agent wall − waiting time)
+    and, under an allowlist policy, the egress log.
 
     A discarded attempt starts with the breached rule, its measured value and threshold.
 
@@ -215,6 +229,7 @@ def show(
       harness show 42 --db sqlite:///other/harness.db
     """
     aid = _attempt_id(attempt)
+    table_prices = load_prices(prices)
     store = _open(db)
     a = store.get_attempt(aid)
     r = store.get_run(a.run_id)
@@ -234,7 +249,8 @@ def show(
             "cgroup_version": r.cgroup_version,
         },
         "beside": beside,
-        "trial_row": trial_row(a, th),
+        "trial_row": trial_row(a, th, table_prices),
+        "usage": attempt_usage(a, table_prices),
         "envelope": envelope_rows(a, r.profile_json),
         "state_diff_summary": diff_summary(a.state_diff),
         "artifacts": arts,
@@ -244,7 +260,7 @@ def show(
     if json_out:
         print(json.dumps(doc, indent=2, default=_jsonable))
         return
-    _print_show(a, r, doc, th)
+    _print_show(a, r, doc, th, table_prices)
 
 
 def _n(v: Any) -> str:
@@ -264,7 +280,7 @@ def _kv_table(rows: list[tuple[str, Any]]) -> Table:
     return t
 
 
-def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
+def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dict | None = None) -> None:
     c = console
     tr = doc["trial_row"]
     sat = set(tr["saturated"])
@@ -320,6 +336,8 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
         ("host psi cpu / mem / io", f"{pct(a.host_psi_cpu)} / {pct(a.host_psi_memory)} / {pct(a.host_psi_io)}"),
         ("host MemAvailable min", format_size(a.mem_available_min)),
     ]))
+
+    _print_gateway(a, doc, prices)
 
     c.print(Rule("SLA rules", style="dim", align="left"))
     if a.rules:
@@ -399,6 +417,47 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds) -> None:
     c.print(Rule(f"saturation over time ({doc['samples_count']} samples)", style="dim", align="left"))
     c.print(chart(doc["series"], th, a.memory_max, width=max(20, min(80, c.width - 40))))
     c.print(Text(f"raw samples: harness samples {a.id} --csv", style="dim"))
+
+
+def _print_gateway(a: Any, doc: dict[str, Any], prices: dict | None) -> None:
+    """The model gateway's record of the attempt: summary, calls, egress log (only when present)."""
+    c = console
+    u = doc.get("usage")
+    if u is not None:
+        c.print(Rule("model gateway (upstream summary)", style="dim", align="left"))
+        c.print(_kv_table([(k, Text(printable(v))) for k, v in upstream_lines(u, a.agent_wall_s)]))
+        rows, more = call_rows(list(a.model_calls or []), prices)
+        c.print(Rule(f"model calls ({len(a.model_calls or [])} recorded)", style="dim", align="left"))
+        if rows:
+            ct = Table(show_edge=False, pad_edge=False)
+            cols = ["#", "model", "status", "latency", "ttfb", "tokens in/out/cached", "retries"] + (["cost"] if prices is not None else []) + ["detail"]
+            for col in cols:
+                ct.add_column(col, no_wrap=col != "detail", overflow="fold", justify="right" if col in ("#", "latency", "ttfb", "retries", "cost") else "left")
+            for x in rows:  # model names and details come from the gateway's record: never markup
+                st = "bold red" if x["error"] else ""
+                cells = [x["n"], Text(printable(x["model"])), Text(x["status"] + (" stream" if x["stream"] else ""), style=st),
+                         x["latency"], x["ttfb"], x["tokens"], x["retries"]] + ([x["cost"]] if prices is not None else [])
+                ct.add_row(*cells, Text(printable(x["detail"])))
+            c.print(ct)
+            if more:
+                c.print(Text(f"… {more} more call(s): harness show {a.id} --json for every call", style="dim"))
+        else:
+            c.print(Text("no call recorded", style="dim"))
+    if a.egress:
+        es = a.egress_summary or {}
+        head = ", ".join(f"{k} {es[k]}" for k in ("allowed", "refused", "dropped") if es.get(k) is not None)
+        c.print(Rule("egress log" + (f" ({head})" if head else ""), style="dim", align="left"))
+        rows, more = egress_rows(list(a.egress))
+        et = Table(show_edge=False, pad_edge=False)
+        for col in ("host:port", "method", "verdict", "rule / reason", "bytes up / down"):
+            et.add_column(col, no_wrap=col != "rule / reason", overflow="fold")
+        for x in rows:  # hosts and reasons are what the agent asked for: never markup
+            et.add_row(Text(printable(x["host"])), Text(printable(x["method"])),
+                       Text(x["verdict"], style="green" if x["verdict"] == "allowed" else "bold red"),
+                       Text(printable(x["why"])), x["bytes"])
+        c.print(et)
+        if more:
+            c.print(Text(f"… {more} more connection(s): harness show {a.id} --json for all", style="dim"))
 
 
 def _print_verifier_and_services(a: Any, r: Any) -> None:

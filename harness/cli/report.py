@@ -29,6 +29,17 @@ class ReportFormat(str, Enum):
     junit = "junit"
 
 
+PRICES_HELP = ("Price table (TOML, USD per million tokens: \\[models.\"gpt-4o-mini\"] input = 0.15, output = 0.60, "
+               "cached = 0.075) for the cost of model calls. Default: $HARNESS_PRICES. Without one, costs are unknown.")
+
+
+def load_prices(path: Path | None) -> dict[str, dict[str, float]] | None:
+    """The price table of --prices or $HARNESS_PRICES (None when neither); a bad file exits 2."""
+    from harness.report.prices import prices_from_option
+
+    return prices_from_option(path)
+
+
 class CompareFormat(str, Enum):
     table = "table"
     json = "json"
@@ -80,6 +91,7 @@ def report(
     fmt: ReportFormat = typer.Option(ReportFormat.table, "--format", "-f", help="table (terminal), json, markdown (PR comment), html (single file), junit (CI)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout."),
     k: Optional[int] = typer.Option(None, "--k", help="The gate's k: junit fails a task whose pass^k < 1, and tasks sort by it. Default: the run's largest k."),
+    prices: Optional[Path] = typer.Option(None, "--prices", help=PRICES_HELP),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Report one run, recomputed from its stored attempts (nothing cached).
@@ -88,7 +100,10 @@ def report(
     Wilson CI, pass^k and failure kinds; suite pass@1 / pass@k / pass^k with
     cluster-bootstrap CIs beside the naive mean(p)^k; buckets; discarded
     attempts by reason and task (selection-bias warning for a task discarded
-    far more than the rest); unmeasured slots; drift and overdispersion.
+    far more than the rest); unmeasured slots; drift and overdispersion. For a run
+    whose agents called a model through the gateway: calls, tokens spent (every
+    attempt) and in scored attempts, upstream errors and discards, waiting time
+    and, with --prices, cost (unknown where a model has no price).
 
     Examples:
 
@@ -101,18 +116,21 @@ def report(
       harness report last --format junit --k 4 --out junit.xml
 
       harness report last --format json | jq '.suite.by_k'
+
+      harness report last --prices prices.toml --format markdown
     """
     from harness.report.build import build_report, check_k
     from harness.report.render import render_html, render_junit, render_markdown, render_table
 
     _check_out(out)
+    table = load_prices(prices)
     store = _store(db)
     row, attempts = _load(store, run)
     if k is not None:
         problem = check_k(row, k)
         if problem:
             die(f"--k {k}: {problem}")
-    report_ = build_report(row, attempts, k=k)
+    report_ = build_report(row, attempts, k=k, prices=table)
     data = report_.data()
     if fmt is ReportFormat.table:
         _print_rich(render_table(data), out)

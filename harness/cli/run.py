@@ -31,7 +31,16 @@ def run(
     agent_image: Optional[str] = typer.Option(None, "--agent-image", help="Run your agent's image instead of the suite's (build it FROM the suite image)."),
     agent_cmd: Optional[str] = typer.Option(None, "--agent-cmd", help="Agent command line (shell-quoted), e.g. 'python3 /opt/my/agent.py'."),
     agent: Optional[str] = typer.Option(None, "--agent", help="A built-in agent instead of the suite's: oracle (runs each task's "
-                                        "solution) or nop (does nothing)."),
+                                        "solution) or nop (does nothing), or one the suite names (refunds: llm, an "
+                                        "OpenAI-compatible tool-calling agent)."),
+    secret: list[str] = typer.Option([], "--secret", help="NAME or NAME=ENVVAR: a model API key (OPENAI_API_KEY, ANTHROPIC_API_KEY) "
+                                     "read from this shell and held by the model gateway only; the run stores the name (repeatable)."),
+    upstream: list[str] = typer.Option([], "--upstream", help="PROVIDER=URL: where the gateway sends a provider's calls (default "
+                                       "openai=https://api.openai.com/v1, anthropic=https://api.anthropic.com; repeatable)."),
+    agent_env: list[str] = typer.Option([], "--agent-env", help="KEY=VALUE in the agent's environment (repeatable; stored with "
+                                        "the run, so never a credential: use --secret), e.g. REFUNDS_LLM_MODEL=gpt-4.1-mini."),
+    network: Optional[str] = typer.Option(None, "--network", help="Network policy over the profile's: none, gateway (only the model "
+                                          "gateway), allowlist (the profile's `allow` list), bridge (internet, never the host)."),
     base_map: list[str] = typer.Option([], "--base-map", help="FOREIGN=LOCAL: build per-task images FROM LOCAL where their "
                                        "Dockerfile names FOREIGN (repeatable; globs: 'python:3.*=harness/python:bookworm')."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
@@ -56,6 +65,10 @@ def run(
 
       harness run --suite ./harbor-tasks --agent oracle --base-map python:3.13-slim=harness/python:bookworm
 
+      harness run --suite refunds --agent llm --secret OPENAI_API_KEY      (a real provider, through the gateway)
+
+      harness run --suite refunds --agent llm --upstream openai=http://host.docker.internal:8089/v1   (a local server)
+
       harness run --resume last      (after Ctrl-C or a crash: same seeds, same envelope, missing slots only)
     """
     from harness.core.aggregate import summarize
@@ -65,7 +78,8 @@ def run(
         die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
     if resume is not None:
         given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns,
-                 "--agent-image": agent_image, "--agent-cmd": agent_cmd, "--agent": agent, "--base-map": base_map or None}
+                 "--agent-image": agent_image, "--agent-cmd": agent_cmd, "--agent": agent, "--base-map": base_map or None,
+                 "--secret": secret or None, "--upstream": upstream or None, "--network": network, "--agent-env": agent_env or None}
         clash = [k for k, v in given.items() if v is not None]
         if clash:
             die(f"--resume keeps the run's identity; {', '.join(clash)} cannot change it (start a new run instead)")
@@ -90,6 +104,7 @@ def run(
         ks=_parse_ks(k) if k else None,
         agent=agent,
         base_map=list(base_map) or None,
+        secrets=list(secret), upstreams=list(upstream), network=network, agent_env=list(agent_env),
         log=None if json_out else (lambda m: err.print(f"[dim]{m}[/]", highlight=False)),
     )
     if resume is not None:
@@ -103,6 +118,11 @@ def run(
             f"concurrency {r.concurrency}  max reruns {r.max_reruns}  image {r.image}",
             highlight=False,
         )
+        net = (r.profile_json or {}).get("network", "none")
+        if net != "none" or r.upstreams:
+            ups = ", ".join(f"{p} -> {u}" for p, u in r.upstreams.items()) or "no model provider"
+            keys = f"; keys held by the gateway: {', '.join(r.secrets)}" if r.secrets else ""
+            err.print(f"network {net}  model gateway: {ups}{keys}", highlight=False)
         print_run_notes(r)
     t0 = time.monotonic()
     sigterm_as_interrupt()

@@ -4,16 +4,25 @@ Pure module. Every rule is data: name, scope, measured value, threshold, and whe
 was breached. ``host`` rules mean the node broke its promise (discard and rerun the slot);
 ``envelope`` rules mean the envelope itself starved the task (discard; a slot that keeps
 breaching ends unmeasured with a message that the envelope is too small for the task).
+``upstream`` rules mean the model API broke its promise during the attempt (429s, 5xx,
+timeouts, connection errors the agent saw): discard and rerun the slot, like a host breach.
 """
 
 from __future__ import annotations
 
 from harness.model.counters import CounterDelta, HostDelta
+from harness.model.gateway import UpstreamSummary
 from harness.model.profile import SLA
 from harness.model.sla import Judgement, RuleResult, Scope
 from harness.model.units import format_size
 
 ENVELOPE_RULES = ("cpu_throttled", "memory_pressure")  # the envelope starved the task (not the host)
+UPSTREAM_RULES = (  # rule, SLA field, summary field, what
+    ("upstream_rate_limited", "upstream_rate_limited", "rate_limited", "calls answered 429"),
+    ("upstream_server_error", "upstream_server_errors", "server_errors", "calls answered 5xx"),
+    ("upstream_timeout", "upstream_timeouts", "timeouts", "calls timed out"),
+    ("upstream_unreachable", "upstream_connection_errors", "connection_errors", "calls cut off or unreachable"),
+)
 
 
 def _pct(x: float) -> str:
@@ -36,6 +45,8 @@ def judge(
     counters: CounterDelta | None,
     envelope_mismatches: list[str] | None,
     infra_error: str | None = None,
+    upstream: UpstreamSummary | None = None,
+    agent_wall_s: float | None = None,
 ) -> Judgement:
     """Evaluate every rule of ``sla`` on one attempt's measurements."""
     rules: list[RuleResult] = []
@@ -93,6 +104,17 @@ def judge(
                 fmt=lambda x: f"{x:.0f}",
                 what="memory limit hits",
             )
+            if r:
+                rules.append(r)
+    if upstream is not None and upstream.calls:
+        for rule, field, attr, what in UPSTREAM_RULES:
+            r = _max_rule(rule, "upstream", getattr(upstream, attr), getattr(sla, field), fmt=lambda x: f"{x:.0f}",
+                          what=f"{what} (of {upstream.calls})")
+            if r:
+                rules.append(r)
+        if sla.upstream_wait_share is not None and agent_wall_s:
+            r = _max_rule("upstream_slow", "upstream", min(1.0, upstream.wait_s / agent_wall_s), sla.upstream_wait_share,
+                          what=f"waiting on the model {upstream.wait_s:.1f} s of {agent_wall_s:.1f} s,")
             if r:
                 rules.append(r)
     verdict = "discarded" if any(r.breached for r in rules) else "clean"

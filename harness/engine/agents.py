@@ -3,6 +3,8 @@
 * ``oracle`` runs the task's reference solution, present only for it at ``/solution``
   (Harbor: ``bash /solution/solve.sh``; a native suite's ``solution`` script);
 * ``nop`` does nothing (the state stays as the fixture left it);
+* a suite's named agent (``[agents.NAME]`` in suite.toml, e.g. refunds' ``llm``): its command,
+  environment and the network policy it needs;
 * otherwise the suite's ``agent_cmd`` or ``--agent-cmd``, with the suite's ``agent_dir``
   mounted read-only at ``/harness/agent`` when it has one.
 
@@ -27,10 +29,13 @@ MARK = "harness:"  # a run's agent_cmd for a built-in agent: ['harness:oracle']
 def run_agent_cmd(agent: str | None, agent_cmd: list[str] | None, suite: Suite) -> list[str]:
     """What a run stores as its agent: a built-in's mark, or the command."""
     if agent is not None:
-        if agent not in BUILTIN:
-            raise RunError(f"--agent {agent!r}: the built-in agents are {', '.join(BUILTIN)} (your own: --agent-cmd)")
         if agent_cmd:
-            raise RunError("give --agent (a built-in) or --agent-cmd (your own), not both")
+            raise RunError("give --agent (a built-in or one the suite names) or --agent-cmd (your own), not both")
+        if agent in suite.agents:
+            return list(suite.agents[agent].cmd)
+        if agent not in BUILTIN:
+            offered = ", ".join([*BUILTIN, *suite.agents])
+            raise RunError(f"--agent {agent!r}: suite {suite.name} offers {offered} (your own: --agent-cmd)")
         return [MARK + agent]
     cmd = list(agent_cmd or suite.agent_cmd or [])
     if not cmd:

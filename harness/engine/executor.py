@@ -28,6 +28,7 @@ class Work:
     key: Any
     cores: int
     run: Callable[[list[int]], tuple[Any, bool, Callable[[], bool] | None]]
+    not_before: float = 0.0  # time.monotonic() before which it must not start (a rerun's backoff)
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,10 @@ class LocalExecutor(Executor):
     def _attempt(self, work: Work) -> Done:
         self.retry_quarantined()
         try:
+            while time.monotonic() < work.not_before and not self._stop.is_set():
+                self._stop.wait(min(0.5, work.not_before - time.monotonic()))  # waits without a core leased
+            if self._stop.is_set():
+                return Done(work.key, not_started=True)
             if self._before is not None:
                 self._before()
             cpuset = self.pool.lease(work.cores, timeout=self._lease_timeout, stop=self._stop)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 from harness.core import outcome
 from harness.core.envelope import PAGE
 from harness.core.sla import judge
+from harness.core.upstream import summarize
 from harness.engine.events import EventSink
 from harness.model.attempt import COUNTER_COLUMNS, AttemptRecord
 from harness.model.grade import MAX_VERDICT_BYTES, GradeResult
@@ -37,6 +38,7 @@ from harness.model.units import MiB, format_size, utcnow
 from harness.sandbox.base import ROOT_CAPS, Command, Exported, ExportFile, Network, Sandbox, SandboxBackend, SandboxSpec
 from harness.sandbox.owners import LABEL_ATTEMPT, LABEL_RUN
 from harness.sandbox.finish import without_outward_links
+from harness.sandbox.gateway import API_PORT, GATEWAY_NAME, PROXY_PORT, Gateway, new_token
 from harness.state import grader as grader_named
 from harness.state import state_kind
 from harness.state.base import AgentInputs, GradePlan, Grader, ServiceRun, StateKind
@@ -62,6 +64,7 @@ class AttemptJob:
     agent_cmd: list[str] = field(default_factory=list)  # the agent command for this task
     trees: dict[str, Tree] = field(default_factory=dict)  # read-only trees for the agent (/solution, an agent directory)
     requested: dict[str, Any] = field(default_factory=dict)  # the task's own envelope when --profile replaced it
+    redact: dict[str, str] = field(default_factory=dict, repr=False)  # secret value -> its name (never written)
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,13 @@ class AttemptPipeline:
     """Runs attempts on a sandbox backend. ``stop`` is the run's stop event: an attempt
     whose sandbox starts after it is set is removed at once and recorded as interrupted."""
 
-    def __init__(self, backend: SandboxBackend, events: EventSink, stop: threading.Event):
+    def __init__(self, backend: SandboxBackend, events: EventSink, stop: threading.Event, gateway: Gateway | None = None,
+                 egress: str | None = None):
         self.backend = backend
         self.events = events
         self.stop = stop
+        self.gateway = gateway  # the run's model gateway (None: no attempt of the run reaches one)
+        self.egress = egress  # the run's `bridge` network (None: no attempt of the run is under `bridge`)
 
     def run(self, job: AttemptJob) -> AttemptOutput:
         return _Attempt(self, job).run()
@@ -142,6 +148,7 @@ class _Attempt:
         self.inputs = AgentInputs()
         self.root_dirs: list[str] = []  # state paths that are directories of a writable root
         self.t_start = time.monotonic()
+        self.token: str | None = None  # this attempt's gateway token while it is registered
 
     # -- the whole attempt -----------------------------------------------------
     def run(self) -> AttemptOutput:
@@ -154,7 +161,7 @@ class _Attempt:
             plan = grader.plan(job.suite, job.task, kind)
             job.artifacts.mkdir(parents=True, exist_ok=True)
             self.inputs = inputs
-            if self._services_up([*self._declared_services(), *inputs.services]):
+            if self._services_up([*self._declared_services(), *inputs.services]) and self._gateway_up():
                 self.sb = self.p.backend.sandbox(self._sandbox_spec(inputs, plan))
                 self._attempt(kind, grader, inputs, plan)
         except Exception as e:  # the engine went away mid-attempt, a bug: never lose the attempt
@@ -179,6 +186,69 @@ class _Attempt:
     # -- services --------------------------------------------------------------
     def _declared_services(self) -> list[ServiceRun]:
         return [ServiceRun(spec=s) for s in (*self.job.suite.services, *self.job.task.services)]
+
+    def _policy(self) -> str:
+        return self.job.profile.network
+
+    def _wants_gateway(self) -> bool:
+        return self.p.gateway is not None and self._policy() != "none"
+
+    def _gateway_up(self) -> bool:
+        """Put the run's gateway on the attempt's private network and give the attempt its token."""
+        if not self._wants_gateway():
+            return True
+        gw = self.p.gateway
+        assert gw is not None
+        t = time.monotonic()
+        try:
+            if self.net is None:
+                self.net = self.p.backend.network(self._labels())
+            ip = gw.attach(self.net.name)
+            token = new_token(self.job.run.id)
+            j = self.job
+            gw.register(token, f"{j.task.id}/{j.slot}/{j.attempt_no}", self._policy(), list(j.profile.allow), ip)
+            self.token = token
+        except Exception as e:
+            self.ctx.infra = f"the model gateway could not take the attempt: {str(e)[:300]}"
+            return False
+        finally:
+            self._phase("gateway", t)
+        return True
+
+    def _gateway_env(self) -> dict[str, str]:
+        if self.token is None:
+            return {}
+        base = f"http://{GATEWAY_NAME}:{API_PORT}"
+        env = {"OPENAI_BASE_URL": f"{base}/openai/v1", "OPENAI_API_KEY": self.token,
+               "ANTHROPIC_BASE_URL": f"{base}/anthropic", "ANTHROPIC_API_KEY": self.token, "HARNESS_GATEWAY_URL": base}
+        if self._policy() == "allowlist":
+            proxy = f"http://{GATEWAY_NAME}:{PROXY_PORT}"
+            no_proxy = ",".join([GATEWAY_NAME, "localhost", "127.0.0.1", *self.services])
+            for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                env[k] = proxy
+            env["NO_PROXY"] = env["no_proxy"] = no_proxy
+        return env
+
+    def _gateway_close(self) -> None:
+        """End the attempt's token and keep what the gateway recorded for it."""
+        if self.token is None or self.p.gateway is None:
+            return
+        token, self.token = self.token, None
+        try:
+            calls, egress, dropped, dropped_egress = self.p.gateway.close(token)
+        except Exception as e:
+            self.ctx.infra = self.ctx.infra or f"the model gateway's record of the attempt was lost: {str(e)[:300]}"
+            return
+        up = summarize(calls, dropped)
+        self.upstream = up
+        self.d.f["model_calls"] = [c.model_dump(mode="json") for c in calls]
+        self.d.f["upstream"] = up.model_dump(mode="json")
+        if self._policy() == "allowlist" or egress:
+            self.d.f["egress"] = [e.model_dump(mode="json") for e in egress]
+            self.d.f["egress_summary"] = {"allowed": sum(e.allowed for e in egress), "refused": sum(not e.allowed for e in egress),
+                                          "dropped": dropped_egress}
+
+    upstream: Any = None
 
     def _services_up(self, runs: list[ServiceRun]) -> bool:
         """Start every service on a fresh private network and wait until each is healthy."""
@@ -229,7 +299,8 @@ class _Attempt:
             inputs={**inputs.files, "prompt.txt": task.prompt.encode()}, with_grade_dir=True, user=sbo.user,
             writable_root=sbo.writable_root, tmpfs=tmpfs,
             late_dirs=(TESTS_DIR,) if plan.tests is not None and plan.site == "sandbox" else (),
-            trees=dict(job.trees), network=self.net.name if self.net else None, egress=job.profile.network == "bridge",
+            trees=dict(job.trees), network=self.net.name if self.net else None,
+            egress=self.p.egress if job.profile.network == "bridge" else None,
             workdir=sbo.workdir, caps=ROOT_CAPS if _root(user) and sbo.writable_root else (),
         )
 
@@ -311,6 +382,7 @@ class _Attempt:
         workdir = task.sandbox.workdir or WORKDIR
         env = {
             **job.suite.agent_env,
+            **job.run.agent_env,
             **task.sandbox.env,
             **inputs.env,
             "HARNESS_SEED": str(job.seed),
@@ -321,6 +393,7 @@ class _Attempt:
             "HARNESS_PROMPT_FILE": f"{INPUT_DIR}/prompt.txt",
             "HARNESS_TRANSCRIPT": f"{workdir}/{TRANSCRIPT_FILE}" if not task.sandbox.logs else f"{LOGS_DIR}/agent/{TRANSCRIPT_FILE}",
             "HARNESS_WORKDIR": workdir,
+            **self._gateway_env(),
         }
         if not task.sandbox.writable_root:
             env["HOME"] = WORKDIR
@@ -332,12 +405,13 @@ class _Attempt:
         m = sb.measured_exec(list(job.agent_cmd or job.run.agent_cmd), timeout=job.profile.timeouts.agent, env=self._agent_env(inputs),
                              workdir=job.task.sandbox.workdir or None, also=list(self.services.values()))
         self._phase("agent", t)
+        self._gateway_close()
         ctx.exec_res, ctx.counters, ctx.host = m.result, m.counters, m.host
         d.f["samples"] = list(m.samples)
         d.f["monitor_errors"] = m.monitor_errors
         d.f["services"] = self._service_record(m.services)
-        _write(job.artifacts / "stdout.txt", m.result.stdout.encode(), d)
-        _write(job.artifacts / "stderr.txt", m.result.stderr.encode(), d)
+        _write(job.artifacts / "stdout.txt", self._redacted(m.result.stdout).encode(), d)
+        _write(job.artifacts / "stderr.txt", self._redacted(m.result.stderr).encode(), d)
         why = outcome.agent_start_failure(m.result)
         if why:
             ctx.infra = why
@@ -392,10 +466,10 @@ class _Attempt:
             ctx.grade = grader.read(job.task, res, self._oom, job.profile.timeouts.grade, read_back)
             d.f["grade_wall_s"] = round(res.wall_s, 4)
             if plan.output == "reward":
-                _write(job.artifacts / "verifier-stdout.txt", res.stdout.encode(), d)
-                _write(job.artifacts / "verifier-stderr.txt", res.stderr.encode(), d)
+                _write(job.artifacts / "verifier-stdout.txt", self._redacted(res.stdout).encode(), d)
+                _write(job.artifacts / "verifier-stderr.txt", self._redacted(res.stderr).encode(), d)
             elif res.stderr.strip():
-                _write(job.artifacts / "grade-stderr.txt", res.stderr.encode(), d)
+                _write(job.artifacts / "grade-stderr.txt", self._redacted(res.stderr).encode(), d)
         finally:
             self._phase("grade", t)
         if one_exec and not exp.complete:
@@ -546,10 +620,18 @@ class _Attempt:
             self.d.note("; ".join(exp.problems))
 
     # -- the end ---------------------------------------------------------------
+    def _redacted(self, text: str) -> str:
+        for value, name in self.job.redact.items():
+            text = text.replace(value, f"[secret {name}]")
+        return text
+
     def _down(self) -> bool:
         """Remove the sandbox, the services, the separate verifier and the network."""
         removed = True
         t = time.monotonic()
+        self._gateway_close()
+        if self.net is not None and self._wants_gateway():
+            self.p.gateway.detach(self.net.name)
         for s in [*self.extra, *([self.sb] if self.sb is not None else []), *self.services.values()]:
             gone = s.remove()
             if not gone:
@@ -594,13 +676,18 @@ class _Attempt:
                         f["state_diff"] = {"files": g.verdict.files.model_dump(mode="json")}
                 elif g.checks:
                     f["grade_checks"] = [c.model_dump(mode="json") for c in g.checks]
-            j = judge(job.profile.sla, host, counters, ctx.mismatches, infra_error=ctx.infra)
+            j = judge(job.profile.sla, host, counters, ctx.mismatches, infra_error=ctx.infra, upstream=self.upstream,
+                      agent_wall_s=res.wall_s if res is not None else None)
             f.update(verdict=j.verdict, reasons=j.reasons, rules=[r.model_dump(mode="json") for r in j.rules])
             if ctx.infra:
-                d.note(ctx.infra)
+                d.note(self._redacted(ctx.infra))
             elif g is not None and res is not None:
                 f["outcome"], f["failure_kind"], f["grade_reason"] = outcome.graded_outcome(
                     res.exit_code, res.timed_out, f.get("oom_kills"), g, job.profile.timeouts.agent)
+                up = self.upstream
+                if res.timed_out and up is not None and up.wait_s > 0 and res.wall_s > 0:
+                    f["grade_reason"] = (f"{f['grade_reason'] or 'timed out'}; {up.wait_s:.1f} s of the agent's {res.wall_s:.1f} s "
+                                         f"({100 * up.wait_s / res.wall_s:.0f}%) was waiting on the model")
             return AttemptRecord(**f)
         except Exception as e:  # never lose the attempt because the record could not be made
             keep = {k: f[k] for k in ("run_id", "task_id", "slot", "attempt_no", "seed", "cpuset", "container", "image",

@@ -30,6 +30,7 @@ from harness.engine import agents
 from harness.engine.pipeline import AttemptJob, AttemptPipeline
 from harness.engine.prepare import Prepared, prepare_tasks
 from harness.engine.profiles import load_profile
+from harness.engine.secrets import GatewayPlan, plan_gateway, refuse_leaks
 from harness.engine.scheduler import CpuPool
 from harness.engine.suites import load_suite
 from harness.measure import host as hoststats
@@ -42,6 +43,7 @@ from harness.model.units import utcnow
 from harness.sandbox.basemap import BaseMap
 from harness.sandbox.docker_backend import DockerBackend
 from harness.sandbox.docker_sandbox import connect
+from harness.sandbox.gateway import EgressNetwork, Gateway, host_nameservers
 from harness.sandbox.images import INPUTS_LABEL, SANDBOX_IMAGE, SUITE_LABEL, dockerfile_inputs, image_identity, image_labels
 from harness.sandbox.owners import controller_id, owner_dead
 from harness.store.store import Store, harness_home
@@ -49,6 +51,7 @@ from harness.store.store import Store, harness_home
 HEARTBEAT_S = 10.0  # how often the driver says it is alive
 HEARTBEAT_STALE_S = 60.0  # a controller silent this long is taken for dead by --resume
 ENGINE_WAIT_S = 120.0  # how long to wait for an engine that went away before going on
+UPSTREAM_BACKOFF_S = (2.0, 60.0)  # a slot discarded for the model API waits 2, 4, 8 ... s (at most 60) before its rerun
 
 
 @dataclass
@@ -72,6 +75,10 @@ class RunOptions:
     agent: str | None = None  # a built-in agent: oracle | nop
     base_map: list[str] | None = None  # --base-map FOREIGN=LOCAL entries (per-task image builds)
     log: Any = None  # where build progress goes (one line each)
+    secrets: list[str] | None = None  # --secret NAME[=ENVVAR]: model API keys the gateway holds
+    upstreams: list[str] | None = None  # --upstream PROVIDER=URL: where the gateway forwards model calls
+    network: str | None = None  # --network POLICY: over the profile's
+    agent_env: list[str] | None = None  # --agent-env KEY=VALUE: over the suite's (and a named agent's)
 
 
 def _max_cores(profiles: dict[str, Profile]) -> int:
@@ -116,7 +123,7 @@ class Runner:
     """Executes one run. Build with :meth:`plan` or :meth:`resume`; call :meth:`execute`."""
 
     def __init__(self, store: Store, run: RunRecord, suite: Suite, profile: Profile, prepared: Prepared, client: Any, pool: CpuPool,
-                 resuming: bool = False, claimed_from: str = ""):
+                 resuming: bool = False, claimed_from: str = "", gateway: GatewayPlan | None = None):
         self.store = store
         self.run = run
         self.suite = suite
@@ -138,6 +145,9 @@ class Runner:
         self._in_flight = 0
         self._n_unsaved = 0
         self.unsaved_path: Path | None = None
+        self.gateway_plan = gateway or GatewayPlan()
+        self.gateway: Gateway | None = None
+        self.egress: EgressNetwork | None = None
 
     # -- planning --------------------------------------------------------------
     @classmethod
@@ -174,6 +184,11 @@ class Runner:
             tasks = list(suite.tasks)
         pool = CpuPool.for_host(reserve=opts.reserve_cores)
         agent_cmd = agents.run_agent_cmd(opts.agent, opts.agent_cmd, suite)
+        named = suite.agents.get(opts.agent or "")
+        agent_env = {**(named.env if named else {}), **parse_agent_env(opts.agent_env or [])}
+        gw = plan_gateway([*suite.secrets, *(opts.secrets or [])], opts.upstreams or [])
+        refuse_leaks(gw, suite, tasks, agent_cmd, agent_env, opts.note)
+        profile = network_for_run(profile, opts.network, named.network if named else None, gw)
         explicit = opts.profile_obj is not None or opts.profile is not None
         task_overrides = suite.format == "native" or not explicit
         try:  # a malformed --base-map is a usage error, before any engine is asked
@@ -206,10 +221,12 @@ class Runner:
             artifacts_dir=str((store.artifacts_root() / run_id).resolve()), note=opts.note,
             images=dict(prep.digests), substitutions=dict(prep.substitutions), task_overrides=task_overrides,
             excluded={**refused, **prep.excluded}, adjustments=dict(prep.adjustments),
+            agent_name=opts.agent if named else "", agent_env=agent_env, secrets=list(gw.names),
+            upstreams=dict(gw.upstreams),
         )
         run = RunRecord(**fields)
         run = run.model_copy(update={"identity_hash": run.identity.hash()})
-        return cls(store, run, suite, profile, prep, client, pool)
+        return cls(store, run, suite, profile, prep, client, pool, gateway=gw)
 
     @classmethod
     def resume(cls, run_id: str, db: str | None = None, client: Any = None, concurrency: int | None = None,
@@ -257,13 +274,21 @@ class Runner:
                 "mix two environments in one run — start a new run"
             )
         run = run.model_copy(update={"concurrency": run_conc})
-        return cls(Store.open(db), run, suite, profile, prep, client, pool, resuming=True, claimed_from=run.controller or "")
+        gw = plan_gateway(run.secrets, [f"{p}={u}" for p, u in run.upstreams.items()])
+        return cls(Store.open(db), run, suite, profile, prep, client, pool, resuming=True, claimed_from=run.controller or "", gateway=gw)
 
     # -- execution -------------------------------------------------------------
     def execute(self, events: EventSink | None = None) -> Progress:
         """Run every slot to a clean attempt or to unmeasured. Ctrl-C (or SIGTERM) removes
         the run's containers and marks the run interrupted (resumable with ``--resume``)."""
         sink = Fanout([events] if events else [])
+        self._networks_up()  # before anything is stored: a gateway that cannot start writes nothing
+        try:
+            return self._execute(sink)
+        finally:
+            self._networks_down()
+
+    def _execute(self, sink: Fanout) -> Progress:
         me = controller_id()
         if self._resuming:
             if not self.store.claim_run(self.run.id, self._claimed_from, me):
@@ -280,8 +305,39 @@ class Runner:
         pend = pending_slots(self.store.attempts(self.run.id), list(self.run.task_ids), self.run.trials, self.run.max_reruns, self.run.seed)
         prog = pend.progress
         sink.run_started(self.run, prog)
+        return self._slots(sink, pend)
+
+    def _policies(self) -> set[str]:
+        return {p.network for p in self.prepared.profiles.values()}
+
+    def _networks_up(self) -> None:
+        """The run's gateway (when an attempt may reach it) and its `bridge` network (when one is under it)."""
+        pol = self._policies()
+        if pol & {"gateway", "allowlist"} or (self.gateway_plan.upstreams and pol - {"none"}):
+            lim = self.profile.gateway.model_dump(mode="json")
+            provs = {n: (u, self.gateway_plan.keys.get(n)) for n, u in self.gateway_plan.upstreams.items()}
+            self.gateway = Gateway(self.client, self.run.id, list(self.pool.reserved) or list(self.pool.cpus), lim, provs)
+            self.gateway.start()
+        if "bridge" in pol:
+            self.egress = EgressNetwork(self.client, self.run.id, host_nameservers())
+            try:
+                self.egress.create()
+            except BaseException:
+                self._networks_down()
+                raise
+
+    def _networks_down(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+        if self.egress is not None:
+            self.backend.sweep_run(self.run.id)  # nothing of the run may still be on the network
+            self.egress.remove()
+
+    def _slots(self, sink: Fanout, pend: Any) -> Progress:
+        prog = pend.progress
         executor = LocalExecutor(self.pool, self.run.concurrency, self._stop, before_attempt=self._engine_gate)
-        pipeline = AttemptPipeline(self.backend, sink, self._stop)
+        pipeline = AttemptPipeline(self.backend, sink, self._stop, gateway=self.gateway,
+                                   egress=self.egress.name if self.egress is not None else None)
         self._executor = executor
         outstanding = 0
         for st in pend.slots:
@@ -347,12 +403,15 @@ class Runner:
             elif st.budget_used > self.run.max_reruns:
                 prog.unmeasured += 1
             else:
-                executor.submit(self._work(st, pipeline, prog))
+                delay = 0.0
+                if any(r.get("scope") == "upstream" and r.get("breached") for r in rec.rules):
+                    delay = min(UPSTREAM_BACKOFF_S[1], UPSTREAM_BACKOFF_S[0] * 2 ** (st.budget_used - 1))
+                executor.submit(self._work(st, pipeline, prog, delay))
                 again = 1
         sink.attempt_finished(rec, prog)
         return again
 
-    def _work(self, st: SlotState, pipeline: AttemptPipeline, prog: Progress) -> Work:
+    def _work(self, st: SlotState, pipeline: AttemptPipeline, prog: Progress, delay: float = 0.0) -> Work:
         """The next attempt of slot ``st`` (numbered and charged now, in the driver)."""
         st.attempts += 1
         st.budget_used += 1
@@ -372,7 +431,7 @@ class Runner:
                                  seed=st.seed, cpuset=cpuset, concurrent=beside,
                                  artifacts=self.artifacts / st.task_id / f"slot{st.slot}-attempt{attempt_no}",
                                  image=self.prepared.images[task.id], agent_cmd=agent_cmd, trees=trees,
-                                 requested=self.prepared.requested.get(task.id, {}))
+                                 requested=self.prepared.requested.get(task.id, {}), redact=self.gateway_plan.redact)
                 pipeline.events.attempt_started(self.run.id, st.task_id, st.slot, attempt_no, cpuset)
                 out = pipeline.run(job)
                 return out.record, out.removed, out.retry_remove
@@ -380,7 +439,7 @@ class Runner:
                 with self._count_lock:
                     self._in_flight -= 1
 
-        return Work(key=st, cores=profile.cores, run=run)
+        return Work(key=st, cores=profile.cores, run=run, not_before=time.monotonic() + delay if delay else 0.0)
 
     def _settle(self, st: SlotState, rec: AttemptRecord) -> AttemptRecord:
         """Outcome policy applied by the driver: an attempt the controller cut short by
@@ -555,6 +614,43 @@ def _check_agent_command(backend: DockerBackend, image: str, image_id: str, comm
         mark.touch()
     except OSError:
         pass  # no cache: the next run probes again
+
+
+def parse_agent_env(specs: list[str]) -> dict[str, str]:
+    """``--agent-env KEY=VALUE`` entries (stored with the run: part of the agent's identity)."""
+    out = {}
+    for spec in specs:
+        key, eq, value = spec.partition("=")
+        if not eq or not key or key.startswith("HARNESS_") or not key.replace("_", "a").isalnum():
+            raise RunError(f"--agent-env {spec!r}: give KEY=VALUE (KEY letters, digits, '_', not HARNESS_*)")
+        out[key] = value
+    return out
+
+
+def network_for_run(profile: Profile, asked: str | None, agent_needs: str | None, gw: GatewayPlan) -> Profile:
+    """The run's network policy: --network, else the profile's, except that a profile saying
+    'none' gives way to what the named agent needs, or to 'gateway' when the run holds keys
+    or names upstreams (the only way they can be used). Stored in the run's profile."""
+    if asked is not None:
+        if asked not in ("none", "gateway", "allowlist", "bridge"):
+            raise RunError(f"--network {asked!r}: one of none, gateway, allowlist, bridge")
+        net = asked
+    elif profile.network == "none" and (agent_needs or gw.upstreams):
+        net = agent_needs or "gateway"
+    else:
+        return profile
+    if net == "none" and gw.upstreams:
+        raise RunError("--network none leaves no way to the model gateway; drop --secret/--upstream or pick gateway")
+    if net == profile.network:
+        return profile
+    data = profile.model_dump()
+    data["network"] = net
+    if net != "allowlist":
+        data["allow"] = []
+    try:
+        return Profile.model_validate(data)
+    except ValueError as e:
+        raise RunError(f"network {net}: {e}") from None
 
 
 def controller_gone(run: RunRecord) -> bool:

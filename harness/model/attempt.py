@@ -69,6 +69,13 @@ class AttemptRecord(BaseModel):
                                                "task's [environment]) when --profile replaced it.")
     services: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-attempt services: name -> image, "
                                                 "limits read back and counters over the agent phase (their CPU is not foreign).")
+    model_calls: list[dict[str, Any]] = Field(default_factory=list, description="Calls the agent made through the model "
+                                              "gateway (harness.model.gateway.ModelCall), in order.")
+    upstream: dict[str, Any] = Field(default_factory=dict, description="The calls summed (UpstreamSummary): tokens as reported "
+                                     "(null = not reported), upstream errors, waiting time. Empty: the attempt had no gateway.")
+    egress: list[dict[str, Any]] = Field(default_factory=list, description="Connections asked of the egress proxy "
+                                         "(allowlist policy): host, port, allowed or refused and why (EgressEvent).")
+    egress_summary: dict[str, Any] = Field(default_factory=dict, description="allowed / refused / dropped counts of `egress`.")
     cpu_usage_us: int | None = None
     nr_periods: int | None = None
     nr_throttled: int | None = None

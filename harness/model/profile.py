@@ -10,7 +10,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.model.egress import parse_rule
 from harness.model.units import MEMORY_FLOOR, MiB, ByteSize, format_size
+
+NetworkPolicy = Literal["none", "gateway", "allowlist", "bridge"]
+NETWORK_HELP = (
+    "'none': only loopback (and the attempt's own services); 'gateway': also the harness's model gateway, "
+    "nothing else; 'allowlist': also the hosts in `allow`, through the egress proxy, every connection logged; "
+    "'bridge': unrestricted to the internet, never to the host's services, private ranges or other attempts.")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -87,6 +94,34 @@ class SLA(_Strict):
         None, ge=0,
         description="envelope rule `memory_pressure`: memory limit hits (v1 failcnt, v2 max events). Absent = off.",
     )
+    upstream_rate_limited: int | None = Field(
+        0, ge=0,
+        description="upstream rule `upstream_rate_limited`: model calls answered 429 during the attempt (as the agent "
+        "saw them, after the gateway's own retries) above this count discard it. Absent = off.",
+    )
+    upstream_server_errors: int | None = Field(
+        0, ge=0, description="upstream rule `upstream_server_error`: model calls answered 5xx by the provider above this count.")
+    upstream_timeouts: int | None = Field(
+        0, ge=0, description="upstream rule `upstream_timeout`: model calls the provider did not answer within the gateway's timeout.")
+    upstream_connection_errors: int | None = Field(
+        0, ge=0, description="upstream rule `upstream_unreachable`: model calls that could not reach the provider or "
+        "whose answer was cut off (connection refused, reset, truncated).")
+    upstream_wait_share: float | None = Field(
+        None, ge=0, le=1,
+        description="upstream rule `upstream_slow`: share of the agent's wall time spent waiting on the model above "
+        "which the provider, not the agent, is taken to have set the pace. Absent = off (waiting time is recorded either way).")
+
+
+class GatewayLimits(_Strict):
+    """The model gateway's limits, per provider, so parallel attempts do not trip the
+    provider's own rate limits (calls wait in the gateway instead; the wait is recorded as
+    the attempt's waiting time)."""
+
+    concurrency: int = Field(8, ge=1, le=4096, description="Calls in flight to one provider at once.")
+    rate: float | None = Field(None, gt=0, le=1_000_000, description="Calls per minute to one provider (token bucket); absent = no cap.")
+    timeout: float = Field(300.0, gt=0, le=3600, description="Seconds an upstream call may take (a stream: between bytes) before the gateway gives up.")
+    retries: int = Field(0, ge=0, le=10, description="Times the gateway retries a 429/5xx/connection error before the agent sees it "
+                         "(only before any byte reached the agent); each retry is recorded with the call.")
 
 
 class EnvelopeOverride(_Strict):
@@ -99,7 +134,8 @@ class EnvelopeOverride(_Strict):
     timeouts: dict[Literal["setup", "agent", "grade"], float] | None = Field(
         None, description="Per-phase timeouts in seconds."
     )
-    network: Literal["none", "bridge"] | None = Field(None, description="Network of the sandbox ('bridge' = egress allowed).")
+    network: NetworkPolicy | None = Field(None, description="Network policy of the sandbox: " + NETWORK_HELP)
+    allow: list[str] | None = Field(None, description="Allowlist entries (network = 'allowlist'): names, '*.domain', CIDRs, ':ports'.")
     storage: ByteSize | None = Field(None, description="Writable root filesystem size (tasks with a writable root).")
 
 
@@ -113,8 +149,10 @@ class Profile(_Strict):
     cpu_period_us: int = Field(100_000, ge=1000, le=1_000_000, description="CFS period in microseconds.")
     memory: ByteSize = Field(1024 * MiB, description="Memory ceiling in bytes (TOML accepts '512m', '1g'). Swap equals it: no swap escape.")
     pids: int = Field(256, ge=8, le=1_000_000, description="pids limit (processes + threads).")
-    network: Literal["none", "bridge"] = Field("none", description="Docker network; 'none' means no egress (per-attempt "
-                                               "services are reachable on a private network either way).")
+    network: NetworkPolicy = Field("none", description="Network policy: " + NETWORK_HELP)
+    allow: list[str] = Field(default_factory=list, description="Where `allowlist` lets an attempt connect: 'api.example.com', "
+                             "'*.example.com', '10.0.0.0/8', each optionally ':443', ':80,443', ':8000-8100' or ':*' (no port = 80 and 443).")
+    gateway: GatewayLimits = Field(default_factory=GatewayLimits, description="The model gateway's per-provider limits.")
     storage: ByteSize | None = Field(
         None, description="Size of a writable root filesystem (tasks that have one, e.g. Harbor's). Enforced where the "
         "engine's storage driver has quotas (overlay2 on xfs with pquota); elsewhere recorded as requested and "
@@ -165,7 +203,18 @@ class Profile(_Strict):
             raise ValueError(f"grade.cpus = {self.grade.cpus} exceeds cores = {self.cores}: grading runs on the attempt's cpuset")
         if self.user.split(":")[0] == "0":
             raise ValueError("user must not be root (uid 0)")
+        if self.network == "allowlist" and not self.allow:
+            raise ValueError("network = \"allowlist\" needs `allow` entries (e.g. allow = [\"pypi.org\", \"*.pythonhosted.org\"])")
+        if self.allow and self.network != "allowlist":
+            raise ValueError(f"`allow` is only used with network = \"allowlist\" (this profile's network is {self.network!r})")
         return self
+
+    @field_validator("allow")
+    @classmethod
+    def _allow(cls, v: list[str]) -> list[str]:
+        for e in v:
+            parse_rule(e)  # raises ValueError naming the entry
+        return [e.strip() for e in v]
 
     def with_override(self, override: EnvelopeOverride | None) -> "Profile":
         """Return this profile with a task's envelope override applied (validated again)."""
@@ -173,7 +222,7 @@ class Profile(_Strict):
             return self
         data = self.model_dump()
         f = self.override_scale
-        for key in ("cpus", "cores", "memory", "pids", "network", "storage"):
+        for key in ("cpus", "cores", "memory", "pids", "network", "allow", "storage"):
             val = getattr(override, key)
             if val is not None:
                 data[key] = val

@@ -41,6 +41,8 @@ class ReportIdentity(RunIdentity):
     model_config = ConfigDict(extra="forbid", frozen=True)
     suite_path: str = Field("", description="Where the suite directory was.")
     identity_hash: str = Field("", description="RunIdentity.hash() as stored.")
+    agent_name: str = Field("", description="The suite's named agent the run used (--agent NAME), if any.")
+    secrets: list[str] = Field(default_factory=list, description="Names of the secrets the model gateway held (never their values).")
 
 
 class Interval(_M):
@@ -68,6 +70,49 @@ class PendingSlot(_M):
     slot: int
 
 
+class TokenUse(_M):
+    """Model calls, tokens and cost of a set of attempts. A token sum counts the calls that
+    reported usage; null means no call did (never 0 for unknown)."""
+
+    attempts: int = Field(0, description="Attempts that had a model gateway.")
+    calls: int = Field(0, description="Model calls they made.")
+    calls_without_usage: int = Field(0, description="Successful calls whose response reported no token usage (not in the sums).")
+    calls_unrecorded: int = Field(0, description="Calls beyond the per-attempt record cap: counted, not in the token sums.")
+    tokens_in: int | None = Field(None, description="Input tokens as reported (null: none reported).")
+    tokens_out: int | None = Field(None, description="Output tokens as reported (null: none reported).")
+    tokens_cached: int | None = Field(None, description="Cached input tokens as reported (null: none reported).")
+    cost: float | None = Field(None, description="USD under the price table; null when there is no table, a model has no "
+                               "price, or some call's usage is unknown (a partial sum is never shown as the cost).")
+
+
+class Usage(_M):
+    """What the model gateway recorded for a task's (or the run's) attempts."""
+
+    spent: TokenUse = Field(..., description="Every attempt, discarded ones included (discarded attempts spent tokens too).")
+    scored: TokenUse = Field(..., description="The clean attempt of each slot: the attempts that reach the estimator.")
+    errors: dict[str, int] = Field(default_factory=dict, description="Upstream errors by kind over every attempt: rate_limited, "
+                                   "server_errors, timeouts, connection_errors, refused.")
+    retries: int = Field(0, description="Times the gateway retried a call upstream.")
+    wait_s: float = Field(0.0, description="Seconds agents waited on the model (summed over attempts).")
+    queued_s: float = Field(0.0, description="Seconds calls were queued behind the gateway's caps (summed).")
+    agent_wall_s: float | None = Field(None, description="Agent wall seconds of those attempts (null: not measured).")
+    working_s: float | None = Field(None, description="agent_wall_s - wait_s: time the agents spent not waiting on the model.")
+    discarded_upstream: int = Field(0, description="Attempts discarded by an upstream SLA rule (the model API failed the agent).")
+    models: list[str] = Field(default_factory=list, description="Models named, first-seen order.")
+
+
+class RunUsage(Usage):
+    """The run's usage, with how much of it a price table covers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    priced: bool = Field(False, description="A price table was given (--prices or $HARNESS_PRICES).")
+    tasks: int = Field(0, description="Tasks with at least one attempt through the gateway.")
+    tasks_priced: int = Field(0, description="Of those, tasks whose every attempt has a known cost.")
+    cost_priced_tasks: float | None = Field(None, description="Spent cost summed over the priced tasks only: the run's cost "
+                                            "only when tasks_priced == tasks (then it equals spent.cost).")
+    unpriced_models: list[str] = Field(default_factory=list, description="Models called that the price table has no price for.")
+
+
 class TaskRow(_M):
     """One task: its slots, counts and per-task estimates."""
 
@@ -90,6 +135,7 @@ class TaskRow(_M):
     unmeasured: list[UnmeasuredSlot] = Field(default_factory=list)
     pending: int = Field(0, description="Slots not finished.")
     wall_s: float = Field(0.0, description="Wall seconds of every attempt of the task.")
+    usage: Usage | None = Field(None, description="Model calls, tokens, upstream errors, waiting time and cost (null: no gateway).")
 
 
 class KFigures(_M):
@@ -137,6 +183,8 @@ class TaskDiscards(_M):
 class Discards(_M):
     total: int
     by_reason: dict[str, int] = Field(default_factory=dict)
+    by_scope: dict[str, int] = Field(default_factory=dict, description="Discarded attempts by the scope of their breached "
+                                     "rules: host, envelope, upstream (an attempt breaching two scopes counts in both).")
     by_task: dict[str, TaskDiscards] = Field(default_factory=dict)
     selection_bias: list[SelectionBias] = Field(default_factory=list)
 
@@ -167,6 +215,8 @@ class Report(_M):
     pending: list[PendingSlot] = Field(default_factory=list)
     drift: DriftResult
     overdispersion: Overdispersion
+    usage: RunUsage | None = Field(None, description="Model calls, tokens, upstream errors, waiting time and cost of the run "
+                                   "(null: no attempt went through a model gateway).")
     warnings: list[str] = Field(default_factory=list, description="Most important first.")
 
     def data(self) -> dict[str, Any]:

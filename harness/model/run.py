@@ -77,6 +77,8 @@ class RunIdentity(_M):
     task_overrides: bool = Field(True, description="Tasks' own envelopes (overrides, Harbor [environment]) were applied.")
     adjustments: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Task id -> how its own envelope was fitted to this machine (cores, cpus, note).")
+    agent_env: dict[str, str] = Field(default_factory=dict, description="Environment of a named agent (--agent NAME).")
+    upstreams: dict[str, str] = Field(default_factory=dict, description="Model provider -> the base URL the gateway forwarded to.")
 
     def hash(self) -> str:
         """16 hex digits over what must be equal for scores to be comparable (host facts aside)."""
@@ -85,6 +87,8 @@ class RunIdentity(_M):
         if self.images or self.substitutions or not self.task_overrides or self.adjustments:
             parts += [self.images, self.substitutions, self.task_overrides,
                       {t: {k: v for k, v in a.items() if k != "note"} for t, a in self.adjustments.items()}]
+        if self.agent_env or self.upstreams:
+            parts += [self.agent_env, self.upstreams]
         key = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -116,6 +120,10 @@ class RunIdentity(_M):
             warns.append(f"image digest differs: A {a.image} {a.image_digest or '–'} vs B {b.image} {b.image_digest or '–'}")
         if a.agent_cmd != b.agent_cmd:
             warns.append(f"agent command differs: A {' '.join(a.agent_cmd)!r} vs B {' '.join(b.agent_cmd)!r}")
+        if a.agent_env != b.agent_env:
+            warns.append(f"agent environment differs: {dict_diff(a.agent_env, b.agent_env, limit=4)}")
+        if a.upstreams != b.upstreams:
+            warns.append(f"model upstream differs: A {a.upstreams or 'none'} vs B {b.upstreams or 'none'}")
         if a.harness_version != b.harness_version:
             warns.append(f"harness version differs: A {a.harness_version} vs B {b.harness_version}")
         if a.host != b.host:
@@ -158,6 +166,10 @@ class RunRecord(_M):
     task_overrides: bool = Field(True, description="Tasks' own envelopes were applied (False: --profile replaced them).")
     adjustments: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Task id -> its envelope fitted to this machine.")
     excluded: dict[str, str] = Field(default_factory=dict, description="Task id -> why it could not run here (not scored).")
+    agent_name: str = Field("", description="The suite's named agent the run used (--agent NAME), if any.")
+    agent_env: dict[str, str] = Field(default_factory=dict, description="Its environment (names and values; never a secret's value).")
+    secrets: list[str] = Field(default_factory=list, description="Names of the secrets the gateway held (never their values).")
+    upstreams: dict[str, str] = Field(default_factory=dict, description="Model provider -> the base URL the gateway forwarded to.")
     controller: str = Field("", description="host:pid-namespace:pid of the process running it.")
     heartbeat_at: dt.datetime | None = Field(None, description="Last sign of life of that controller (UTC).")
 
@@ -168,5 +180,5 @@ class RunRecord(_M):
             agent_cmd=list(self.agent_cmd or []), profile=self.profile, profile_json=dict(self.profile_json or {}),
             harness_version=self.harness_version, cgroup_version=self.cgroup_version, host=dict(self.host or {}),
             images=dict(self.images or {}), substitutions=dict(self.substitutions or {}), task_overrides=self.task_overrides,
-            adjustments=dict(self.adjustments or {}),
+            adjustments=dict(self.adjustments or {}), agent_env=dict(self.agent_env or {}), upstreams=dict(self.upstreams or {}),
         )

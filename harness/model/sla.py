@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Scope = Literal["host", "envelope"]
+Scope = Literal["host", "envelope", "upstream"]
 
 
 class RuleResult(BaseModel):
@@ -14,7 +14,8 @@ class RuleResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     rule: str = Field(..., description="Rule name, e.g. host_cpu_contention.")
-    scope: Scope = Field(..., description="host: the node broke its promise; envelope: the envelope starved the task.")
+    scope: Scope = Field(..., description="host: the node broke its promise; envelope: the envelope starved the task; "
+                        "upstream: the model API failed the agent.")
     value: float | None = Field(None, description="Measured value (None = not measurable on this host).")
     threshold: float | None = Field(None, description="Limit from the profile's [sla] table.")
     breached: bool = Field(..., description="True when the value crossed the threshold.")

@@ -16,6 +16,8 @@ keeping the fixture scripts from the same bytes) is ``harness.engine.suites``.
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -167,6 +169,20 @@ class Task(_Strict):
         return self
 
 
+SECRET_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+
+
+class NamedAgent(_Strict):
+    """An agent a suite offers by name (``--agent NAME``)."""
+
+    cmd: list[str] = Field(..., min_length=1, description="The command run inside the sandbox.")
+    description: str = Field("", description="One line on what it is.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for it (over the suite's agent_env).")
+    network: Literal["gateway", "allowlist", "bridge"] | None = Field(
+        None, description="The network policy it needs (e.g. 'gateway' for an LLM agent): a run whose profile says "
+        "'none' gets this one instead, recorded in the run's profile.")
+
+
 class SuiteSpec(_Strict):
     """The contents of ``suite.toml`` (a Harbor dataset's optional ``harness.toml`` has the
     same keys; its tasks bring their own images)."""
@@ -197,6 +213,26 @@ class SuiteSpec(_Strict):
     base_map: dict[str, str] = Field(default_factory=dict, description="Base images mapped to local ones for this suite's "
                                      "builds ('python:3.12-slim' = 'harness/python:bookworm'), over the defaults.")
     format: Literal["native", "harbor", "terminal-bench"] = Field("native", description="Where the suite came from.")
+    agents: dict[str, NamedAgent] = Field(default_factory=dict, description="Agents a run picks by name with --agent NAME "
+                                          "([agents.NAME] cmd = [...]), beside the built-in oracle and nop.")
+    secrets: list[str] = Field(default_factory=list, description="Names of secrets every run needs (values come from the "
+                               "controller's environment and stay with the model gateway), e.g. ['OPENAI_API_KEY'].")
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not SECRET_NAME.match(name):
+                raise ValueError(f"secret {name!r}: a secret is named like an environment variable (A-Z, 0-9, _)")
+        return list(dict.fromkeys(v))
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_names(cls, v: dict[str, "NamedAgent"]) -> dict[str, "NamedAgent"]:
+        for name in v:
+            if name in ("oracle", "nop") or not re.match(r"^[a-z0-9][a-z0-9_-]*$", name):
+                raise ValueError(f"agent name {name!r}: lower-case letters, digits, '-', '_', and not a built-in (oracle, nop)")
+        return v
 
     @field_validator("k")
     @classmethod

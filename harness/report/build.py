@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import Counter
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 from harness.core.aggregate import SlotView, outcomes_of, slot_views
 from harness.core.estimator import (
@@ -27,6 +28,7 @@ from harness.core.estimator import (
 from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.report import REPORT_SCHEMA, Report
 from harness.model.run import RunRecord
+from harness.report.usage import discard_scopes, unpriced_models, usage_of
 
 CONF = 0.95
 N_BOOT = 2000
@@ -78,9 +80,26 @@ def _iso(v: Any) -> str | None:
     return v.isoformat(timespec="seconds") if isinstance(v, (dt.datetime, dt.date)) else str(v)
 
 
+def redact_url(url: str) -> str:
+    """A base URL as a report may show it: user info and query (where a credential could
+    hide) replaced, the rest kept."""
+    try:
+        u = urlsplit(url)
+    except ValueError:
+        return "(unparseable URL)"
+    netloc = u.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return urlunsplit((u.scheme, netloc, u.path, "…" if u.query else "", ""))
+
+
 def identity_data(run: RunRecord) -> dict[str, Any]:
-    """The run's identity as the report shows it (RunIdentity, plus where and its hash)."""
-    return {**run.identity.model_dump(mode="json"), "suite_path": run.suite_path or "", "identity_hash": run.identity_hash or ""}
+    """The run's identity as the report shows it (RunIdentity, plus where, its hash, the
+    named agent and the names of the gateway's secrets -- never a value)."""
+    d = run.identity.model_dump(mode="json")
+    d["upstreams"] = {k: redact_url(str(v)) for k, v in (d.get("upstreams") or {}).items()}
+    return {**d, "suite_path": run.suite_path or "", "identity_hash": run.identity_hash or "",
+            "agent_name": getattr(run, "agent_name", "") or "", "secrets": list(getattr(run, "secrets", None) or [])}
 
 
 def _ci(res: Any) -> dict[str, Any]:
@@ -159,12 +178,15 @@ def build_report(
     k: int | None = None,
     seed: int = 0,
     n_boot: int = N_BOOT,
+    prices: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Report:
     """Everything a report shows, recomputed from ``attempts``.
 
     ``k`` is the gate's k (JUnit fails a task whose pass^k < 1); default the largest k of
     the run. Raises ValueError when ``k`` was not measured in the run. ``seed`` seeds the
     cluster bootstrap and the drift permutations, so the same attempts give the same report.
+    ``prices`` (model -> USD per million input/output/cached tokens, see
+    ``harness.report.prices``) prices the model calls; without it every cost is null.
     """
     attempts = list(attempts)
     ks = run_ks(run)
@@ -184,6 +206,10 @@ def build_report(
     discard_counts: dict[str, tuple[int, int]] = {}
     unmeasured: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = []
+    by_task_attempts: dict[str, list[AttemptRecord]] = {}
+    for a in attempts:
+        by_task_attempts.setdefault(a.task_id, []).append(a)
+    scored_all: list[AttemptRecord] = []
     for t in outs:
         slots = views[t.task_id]
         m = per_metrics[t.task_id]
@@ -218,6 +244,8 @@ def build_report(
         for kk in ks:
             if kk > 1:
                 metrics[f"pass^{kk}"] = m.pass_hat_k[kk]
+        scored = [s.clean for s in slots if s.clean is not None]
+        scored_all += scored
         ci = wilson_interval(t.c, t.n, CONF) if t.n else None
         clean_exit_wrong = sum(
             1 for s in slots if s.clean is not None and s.clean.outcome != "pass" and s.clean.failure_kind == "wrong_state"
@@ -243,6 +271,7 @@ def build_report(
                 "unmeasured": t_unmeasured,
                 "pending": len(t.pending),
                 "wall_s": round(sum(float(a.wall_s or 0.0) for s in slots for a in s.attempts), 3),
+                "usage": usage_of(by_task_attempts.get(t.task_id, []), scored, prices),
             }
         )
     rows.sort(key=lambda r: _sort_key(r, gate_k))
@@ -291,6 +320,8 @@ def build_report(
     # ---- discards
     attempts_clean = sum(1 for a in attempts if a.verdict == "clean")
     by_reason: Counter[str] = Counter(r for a in attempts if a.verdict != "clean" for r in (a.reasons or ["unknown"]))
+    by_scope: Counter[str] = Counter(sc for a in attempts if a.verdict != "clean" for sc in discard_scopes(a))
+    usage = _run_usage(attempts, scored_all, rows, prices)
     bias = selection_bias(discard_counts)
     for b in bias:
         reasons = next(r["discard_reasons"] for r in rows if r["task"] == b["task"])
@@ -365,6 +396,7 @@ def build_report(
         "discards": {
             "total": len(attempts) - attempts_clean,
             "by_reason": dict(sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "by_scope": dict(sorted(by_scope.items(), key=lambda kv: (-kv[1], kv[0]))),
             "by_task": {r["task"]: {"discarded": r["discarded"], "attempts": r["attempts"], "reasons": r["discard_reasons"]} for r in rows if r["discarded"]},
             "selection_bias": bias,
         },
@@ -372,5 +404,24 @@ def build_report(
         "pending": pending,
         "drift": drift,
         "overdispersion": over,
+        "usage": usage,
         "warnings": warnings,
     })
+
+
+def _run_usage(attempts: list[AttemptRecord], scored: list[AttemptRecord], rows: list[dict[str, Any]],
+               prices: Mapping[str, Mapping[str, float]] | None) -> dict[str, Any] | None:
+    """The run's usage (see RunUsage); None when no attempt went through a gateway."""
+    usage = usage_of(attempts, scored, prices)
+    if usage is None:
+        return None
+    with_calls = [r for r in rows if r["usage"] is not None]
+    priced = [r for r in with_calls if r["usage"]["spent"]["cost"] is not None]
+    return {
+        **usage,
+        "priced": prices is not None,
+        "tasks": len(with_calls),
+        "tasks_priced": len(priced),
+        "cost_priced_tasks": round(sum(r["usage"]["spent"]["cost"] for r in priced), 6) if priced else None,
+        "unpriced_models": unpriced_models(attempts, prices),
+    }

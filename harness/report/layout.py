@@ -15,6 +15,7 @@ from typing import Any
 from harness.model.attempt import FAILURE_KINDS
 from harness.model.units import format_size
 from harness.report.build import ks_text, counts_text
+from harness.report.usage import cost_text, errors_text, tokens_text
 
 @dataclass
 class TableBlock:
@@ -118,7 +119,7 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
             ["run", f"{r['run']['id']} ({r['run']['status']}, created {r['run']['created_at'] or '–'})"],
             ["suite", f"{idn['suite']} · hash {idn['suite_hash'] or '–'}"],
             ["image", f"{idn['image']} · digest {idn['image_digest'] or '–'}"],
-            ["agent", " ".join(idn["agent_cmd"]) or "–"],
+            ["agent", (" ".join(idn["agent_cmd"]) or "–") + (f" (agent {idn['agent_name']})" if idn.get("agent_name") else "")],
             ["profile", _profile_text(idn["profile"], idn["profile_json"])],
             ["host", _host_text(idn["host"])],
             ["cgroup", f"v{idn['cgroup_version']}" if idn["cgroup_version"] else "–"],
@@ -137,6 +138,9 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
         ident.rows.append(["task envelopes", "replaced by --profile (what each task asked for is stored with its attempts)"])
     for task, adj in (idn.get("adjustments") or {}).items():
         ident.rows.append(["fitted to this machine", f"{task}: {adj.get('note') or adj}"])
+    if idn.get("upstreams") or idn.get("secrets"):
+        ups = ", ".join(f"{p} -> {u}" for p, u in sorted((idn.get("upstreams") or {}).items())) or "–"
+        ident.rows.append(["model gateway", f"{ups} · secrets held: {', '.join(idn.get('secrets') or []) or 'none'} (names only)"])
     if r["run"].get("note"):
         ident.rows.append(["note", r["run"]["note"]])
     sections.append(Section("identity", "Run identity", [ident]))
@@ -221,14 +225,16 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
 
     # ---- attempts & discards
     a, d = r["attempts"], r["discards"]
-    dblocks: list[Any] = [
-        TextBlock(
-            [
-                f"attempts {a['total']}: clean {a['clean']}, discarded {a['discarded']}"
-                + (f" — by reason: {counts_text(d['by_reason'])}" if d["by_reason"] else "")
-            ]
-        )
+    dlines = [
+        f"attempts {a['total']}: clean {a['clean']}, discarded {a['discarded']}"
+        + (f" — by reason: {counts_text(d['by_reason'])}" if d["by_reason"] else "")
     ]
+    scopes = d.get("by_scope") or {}
+    if r.get("usage") is not None or scopes.get("upstream"):
+        order = ["host", "envelope", "upstream"] + sorted(k for k in scopes if k not in ("host", "envelope", "upstream"))
+        dlines.append("discarded by scope: " + ", ".join(f"{k} {scopes.get(k, 0)}" for k in order)
+                      + " (upstream: the model API failed the agent; an attempt breaching two scopes counts in both)")
+    dblocks: list[Any] = [TextBlock(dlines)]
     if d["by_task"]:
         flagged = {b["task"] for b in d["selection_bias"]}
         dblocks.append(
@@ -242,6 +248,10 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
             )
         )
     sections.append(Section("discards", "Discarded attempts", dblocks))
+
+    # ---- model usage (only for a run whose attempts went through a model gateway)
+    if r.get("usage") is not None:
+        sections.append(usage_section(r))
 
     # ---- unmeasured
     if r["unmeasured"] or r["pending"]:
@@ -282,6 +292,79 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
     )
     return sections
 
+
+
+def _tok_pair(t: dict[str, Any]) -> str:
+    return f"{tokens_text(t['tokens_in'])} / {tokens_text(t['tokens_out'])}"
+
+
+def usage_lines(u: dict[str, Any]) -> list[str]:
+    """The run's usage in sentences: calls and errors, tokens spent vs scored, waiting, cost."""
+    sp, sc = u["spent"], u["scored"]
+    def toks(t: dict[str, Any]) -> str:
+        return f"in {tokens_text(t['tokens_in'])} · out {tokens_text(t['tokens_out'])} · cached {tokens_text(t['tokens_cached'])}"
+
+    lines = [
+        f"model calls {sp['calls']} over {sp['attempts']} attempt(s) · upstream errors: {errors_text(u['errors'])}"
+        + (f" · gateway retries {u['retries']}" if u["retries"] else "")
+        + f" · attempts discarded for upstream reasons: {u['discarded_upstream']}",
+        f"tokens spent (every attempt, discarded included): {toks(sp)}",
+        f"tokens in scored attempts (the clean attempt of each slot): {toks(sc)}",
+    ]
+    if sp["calls_without_usage"]:
+        lines.append(f"{sp['calls_without_usage']} call(s) did not report token usage: the sums count only the calls that did "
+                     "(– = none reported, never 0)")
+    if sp["calls_unrecorded"]:
+        lines.append(f"{sp['calls_unrecorded']} call(s) beyond the per-attempt record cap are counted but not in the token sums")
+    wait = f"waiting on the model {u['wait_s']:.1f} s"
+    if u["agent_wall_s"] is not None:
+        wait += f" of {u['agent_wall_s']:.1f} s agent wall (working {u['working_s']:.1f} s)"
+    if u["queued_s"]:
+        wait += f"; queued in the gateway {u['queued_s']:.1f} s"
+    lines.append(wait)
+    if not u["priced"]:
+        lines.append("cost: no price table (pass --prices FILE or set $HARNESS_PRICES)")
+    elif sp["cost"] is not None:
+        lines.append(f"cost {cost_text(sp['cost'])} spent · {cost_text(sc['cost'])} in scored attempts" if sc["cost"] is not None
+                     else f"cost {cost_text(sp['cost'])} spent")
+    else:
+        why = []
+        if u["unpriced_models"]:
+            why.append("no price for " + ", ".join(u["unpriced_models"]))
+        if sp["calls_without_usage"]:
+            why.append("usage not reported by some calls")
+        if sp["calls_unrecorded"]:
+            why.append("calls beyond the record cap")
+        subtotal = f"; {cost_text(u['cost_priced_tasks'])} over the priced tasks only" if u["cost_priced_tasks"] is not None else ""
+        lines.append(f"cost unknown: {u['tasks_priced']} of {u['tasks']} tasks priced"
+                     + (f" ({'; '.join(why)})" if why else "") + subtotal)
+    if u["models"]:
+        lines.append("models: " + ", ".join(u["models"]))
+    return lines
+
+
+def usage_section(r: dict[str, Any]) -> Section:
+    """Model calls, tokens, upstream errors, waiting time and cost: the run, then per task."""
+    u = r["usage"]
+    rows = []
+    for t in sorted(r["tasks"], key=lambda x: x["task"]):
+        tu = t.get("usage")
+        if tu is None:
+            rows.append([t["task"], "–", "–", "–", "–", "–", "–", "–", "–"])
+            continue
+        sp, sc = tu["spent"], tu["scored"]
+        rows.append([
+            t["task"], str(sp["calls"]), _tok_pair(sp), tokens_text(sp["tokens_cached"]), _tok_pair(sc),
+            errors_text(tu["errors"]) if any(tu["errors"].values()) else "–", str(tu["discarded_upstream"]) if tu["discarded_upstream"] else "–",
+            f"{tu['wait_s']:.1f}", cost_text(sp["cost"]),
+        ])
+    table = TableBlock(
+        ["task", "calls", "tokens spent in / out", "cached", "scored in / out", "upstream errors", "upstream discards", "wait s", "cost"],
+        rows, align=["l", "r", "r", "r", "r", "l", "r", "r", "r"],
+    )
+    note = ("tokens as the responses reported them (– = not reported, never 0); spent counts every attempt, scored only "
+            "the clean attempt of each slot; a cost is – when a model has no price or a call reported no usage")
+    return Section("usage", "Model usage", [TextBlock(usage_lines(u)), table, TextBlock([note], style="muted")])
 
 
 def comparison_sections(c: dict[str, Any]) -> list[Section]:

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from harness.report.build import counts_text, ks_text
 from harness.report.layout import HtmlBlock, Section, TableBlock, TextBlock, comparison_sections, f3, failures_text, fci, report_sections
+from harness.report.usage import cost_text, errors_text, tokens_text
 
 def render_table(report: dict[str, Any]) -> Any:
     """The report as rich renderables (a ``rich.console.Group``) for a terminal."""
@@ -63,6 +64,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             head.append(f"pass^{b['k']} **{f3(b['pass^k']['estimate'])}** {fci(b['pass^k']['low'], b['pass^k']['high'])} (naive {f3(b['naive_pass^k'])})")
     if head:
         lines += [" · ".join(head), ""]
+    u = report.get("usage")
+    if u is not None:
+        sp = u["spent"]
+        cost = cost_text(sp["cost"]) if sp["cost"] is not None else (
+            f"unknown ({u['tasks_priced']} of {u['tasks']} tasks priced)" if u["priced"] else "– (no price table)")
+        line = (f"tokens spent in **{tokens_text(sp['tokens_in'])}** / out **{tokens_text(sp['tokens_out'])}** · "
+                f"{sp['calls']} model calls · upstream errors: {errors_text(u['errors'])} · cost {cost}")
+        lines += [line, ""]
     for sec in report_sections(report):
         if sec.id == "identity":
             lines += ["<details><summary>Run identity</summary>", ""]
@@ -194,6 +203,10 @@ def render_junit(report: dict[str, Any]) -> str:
             detail.append("unmeasured slots: " + "; ".join(f"trial {u['slot']} ({', '.join(u['reasons'])})" for u in t["unmeasured"]))
         if t["discarded"]:
             detail.append(f"discarded attempts: {t['discarded']} ({counts_text(t['discard_reasons'])})")
+        tu = t.get("usage")
+        if tu is not None:
+            detail.append(_junit_usage_text(tu))
+            _junit_props(tc, _usage_props(tu))
         if v is None:
             skipped += 1
             ET.SubElement(tc, "skipped", message=f"unmeasured: {t['n']} clean trial(s) < k={k}; {metric} cannot be computed ({t['marks']})").text = "\n".join(detail)
@@ -215,9 +228,43 @@ def render_junit(report: dict[str, Any]) -> str:
         ("gate_metric", metric),
     ):
         ET.SubElement(props, "property", name=name, value=str(value or ""))
+    u = report.get("usage")
+    if u is not None:
+        for name, value in _usage_props(u).items():
+            ET.SubElement(props, "property", name=name, value=value)
+        if u["priced"]:
+            ET.SubElement(props, "property", name="cost_tasks_priced", value=f"{u['tasks_priced']} of {u['tasks']}")
     ts.extend(cases)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _usage_props(u: dict[str, Any]) -> dict[str, str]:
+    """Usage as JUnit properties; an unknown value (tokens not reported, cost not priced) is
+    left out, never written as 0."""
+    sp, sc = u["spent"], u["scored"]
+    vals: dict[str, Any] = {
+        "model_calls": sp["calls"], "tokens_in": sp["tokens_in"], "tokens_out": sp["tokens_out"],
+        "tokens_cached": sp["tokens_cached"], "tokens_in_scored": sc["tokens_in"], "tokens_out_scored": sc["tokens_out"],
+        "calls_without_usage": sp["calls_without_usage"], "upstream_errors": sum(u["errors"].values()),
+        **{f"upstream_{k}": v for k, v in u["errors"].items() if v},
+        "upstream_discards": u["discarded_upstream"], "wait_s": f"{u['wait_s']:.3f}",
+        "cost_usd": None if sp["cost"] is None else f"{sp['cost']:.6f}",
+    }
+    return {k: str(v) for k, v in vals.items() if v is not None}
+
+
+def _junit_props(tc: ET.Element, props: dict[str, str]) -> None:
+    p = ET.SubElement(tc, "properties")
+    for name, value in props.items():
+        ET.SubElement(p, "property", name=name, value=value)
+
+
+def _junit_usage_text(u: dict[str, Any]) -> str:
+    sp = u["spent"]
+    return (f"model usage: {sp['calls']} calls, tokens in {tokens_text(sp['tokens_in'])} / out {tokens_text(sp['tokens_out'])}, "
+            f"upstream errors: {errors_text(u['errors'])}, upstream discards {u['discarded_upstream']}, "
+            f"wait {u['wait_s']:.1f} s, cost {cost_text(sp['cost'])}")
 
 
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.model.units import format_size
+from harness.report.usage import CALL_ERROR_KIND, attempt_usage, call_cost_of, cost_text, errors_text, tokens_text
 
 # ----------------------------------------------------------------------------- field docs
 
@@ -71,6 +72,15 @@ TRIAL_FIELDS: dict[str, tuple[str, str]] = {
         "steal, host_memory, host_io (JSON list; ';'-joined in CSV).",
     ),
     "started_at": ("UTC ISO 8601", "When the attempt started."),
+    "model_calls": ("count", "Model calls the agent made through the gateway (empty: the attempt had no gateway)."),
+    "tokens_in": ("tokens", "Input tokens as the responses reported them (empty: none reported, or no gateway; never 0 for unknown)."),
+    "tokens_out": ("tokens", "Output tokens as the responses reported them (empty: none reported, or no gateway)."),
+    "tokens_cached": ("tokens", "Cached input tokens as the responses reported them (empty: none reported, or no gateway)."),
+    "calls_without_usage": ("count", "Successful calls whose response reported no usage (their tokens are in no sum)."),
+    "upstream_errors": ("count", "Calls that ended in an upstream error: rate limited (429), 5xx, timeout, connection, refused."),
+    "wait_s": ("s", "Time the agent waited on the model: calls in flight (union), queueing in the gateway included."),
+    "working_s": ("s", "agent_wall_s - wait_s: the agent's time not spent waiting on the model."),
+    "cost_usd": ("USD", "Cost of the calls under --prices / $HARNESS_PRICES (empty: no table, an unpriced model, or no usage reported)."),
 }
 
 #: trial fields that are an AttemptRow column unchanged (field -> column).
@@ -202,8 +212,9 @@ def _iso(t: dt.datetime | None) -> str | None:
     return None if t is None else t.isoformat()
 
 
-def trial_row(a: Any, th: Thresholds) -> dict[str, Any]:
-    """One ``harness trials`` row (keys = TRIAL_FIELDS, in order) from an AttemptRow."""
+def trial_row(a: Any, th: Thresholds, prices: dict | None = None) -> dict[str, Any]:
+    """One ``harness trials`` row (keys = TRIAL_FIELDS, in order) from an AttemptRow; the
+    model-usage fields are None for an attempt without a gateway, cost_usd without ``prices``."""
     row: dict[str, Any] = {f: getattr(a, c) for f, c in TRIAL_COLUMNS.items()}
     counters = a.counters or {}
     cpus = (a.envelope or {}).get("cpus")
@@ -218,6 +229,11 @@ def trial_row(a: Any, th: Thresholds) -> dict[str, Any]:
     row["psi_io_some_s"] = _us_to_s(a.psi_io_some_us)
     row["started_at"] = _iso(a.started_at)
     row["saturated"] = saturated(row, th)
+    u = attempt_usage(a, prices)
+    row["model_calls"] = None if u is None else u.get("calls")
+    for k in ("tokens_in", "tokens_out", "tokens_cached", "calls_without_usage", "upstream_errors", "wait_s", "working_s"):
+        row[k] = None if u is None else u.get(k)
+    row["cost_usd"] = None if u is None else u["cost"]
     return {f: row[f] for f in TRIAL_FIELDS}
 
 
@@ -273,12 +289,27 @@ _TABLE_PRIORITY = [
     "id", "task", "slot/att", "result", "throttled (n)", "mem peak (ceil)", "oom", "foreign cpu", "wall s",
     "pids peak/hits", "mem hits", "cpu s", "exit", "host psi cpu/mem/io", "steal", "cpuset",
 ]
+#: the model-usage columns, shown only when some attempt had a gateway (after "wall s" in importance)
+_USAGE_COLUMNS = ["calls", "tokens in/out", "upstream err", "wait/agent s", "cost $"]
 
 
-def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str, width: int | None = None) -> tuple[Table, list[str]]:
+def _tokens_cell(r: dict[str, Any]) -> str:
+    if r["model_calls"] is None:
+        return "-"
+    return f"{tokens_text(r['tokens_in'], '-')}/{tokens_text(r['tokens_out'], '-')}"
+
+
+def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str, width: int | None = None,
+                 priced: bool = False) -> tuple[Table, list[str]]:
     """The rich table of ``harness trials``, saturated values in color. Columns that do not
-    fit in ``width`` are left out, least important first; returns (table, hidden columns)."""
+    fit in ``width`` are left out, least important first; returns (table, hidden columns).
+    Model-usage columns appear when some attempt had a gateway (cost only when ``priced``)."""
     cols: dict[str, tuple[str, list[Text]]] = {}
+    gateway = any(r.get("model_calls") is not None for r in rows)
+    priority = list(_TABLE_PRIORITY)
+    if gateway:
+        at = priority.index("wall s") + 1
+        priority[at:at] = [c for c in _USAGE_COLUMNS if priced or c != "cost $"]
 
     def col(name: str, justify: str, cell: Any) -> None:
         cols.setdefault(name, (justify, []))[1].append(cell if isinstance(cell, Text) else Text(str(cell)))
@@ -310,6 +341,14 @@ def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str, width: 
         col("wall s", "right", "-" if r["wall_s"] is None else f"{r['wall_s']:.2f}")
         col("cpuset", "left", r["cpuset"] or "-")
         col("cpu s", "right", "-" if r["cpu_s"] is None else f"{r['cpu_s']:.2f}")
+        if gateway:
+            col("wait/agent s", "right", "-" if r["wait_s"] is None else
+                f"{r['wait_s']:.1f}/{'-' if r['agent_wall_s'] is None else format(r['agent_wall_s'], '.1f')}")
+            col("calls", "right", _num(r["model_calls"]))
+            col("tokens in/out", "right", _tokens_cell(r))
+            col("upstream err", "right", _style(_num(r["upstream_errors"]), bool(r["upstream_errors"])))
+            if priced:
+                col("cost $", "right", "-" if r["cost_usd"] is None else cost_text(r["cost_usd"]).lstrip("$"))
         col("throttled (n)", "right", _style(f"{pct(r['throttled_share'])} ({_num(r['nr_throttled'])})", "throttled" in sat))
         col("mem peak (ceil)", "right", _style(f"{format_size(r['memory_peak'])} ({pct(r['memory_peak_share'], 0)})", "memory" in sat))
         col("mem hits", "right", _style(_num(r["memory_limit_hits"]), "memory_limit" in sat))
@@ -326,14 +365,14 @@ def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str, width: 
 
     keep: list[str] = []
     used = 1
-    for name in _TABLE_PRIORITY:
+    for name in priority:
         w = need(name)
         if width is not None and used + w > width and keep:
             continue
         keep.append(name)
         used += w
-    order = [n for n in cols or {n: None for n in _TABLE_PRIORITY} if n in keep] if cols else keep
-    hidden = [n for n in _TABLE_PRIORITY if n not in keep]
+    order = [n for n in cols or {n: None for n in priority} if n in keep] if cols else keep
+    hidden = [n for n in priority if n not in keep]
     t = Table(title=title, title_justify="left", pad_edge=True)
     for name in order:
         t.add_column(name, justify=cols[name][0] if name in cols else "left", no_wrap=True)
@@ -514,6 +553,75 @@ def diff_lines(state_diff: dict | None, limit: int = 12) -> list[str]:
     total = max(int(sd.get("lines_total") or 0), len(lines))
     shown = lines[:limit]
     return shown + ([f"… {total - len(shown)} more"] if total > len(shown) else [])
+
+
+# ----------------------------------------------------------------------------- model gateway
+
+MAX_CALL_LINES = 50  # model calls listed by `harness show` (the rest are counted)
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}s"
+
+
+def call_rows(calls: Sequence[dict[str, Any]], prices: dict | None = None, limit: int = MAX_CALL_LINES) -> tuple[list[dict[str, str]], int]:
+    """The first ``limit`` stored model calls as display strings (model, status/error,
+    latency, ttfb, tokens in/out/cached, retries, cost, detail) and how many more there are."""
+    out = []
+    for i, c in enumerate(calls[:limit], 1):
+        status = str(c.get("status")) if c.get("status") is not None else "-"
+        if c.get("error"):
+            status += f" {c['error']}"
+        tokens = "/".join(tokens_text(c.get(k), "-") for k in ("tokens_in", "tokens_out", "tokens_cached"))
+        cost = call_cost_of(c, prices)
+        out.append({
+            "n": str(i), "model": str(c.get("model") or "-"), "status": status, "stream": "yes" if c.get("stream") else "",
+            "latency": _s(c.get("latency_s")), "ttfb": _s(c.get("ttfb_s")),
+            "queued": _s(c.get("queued_s")) if c.get("queued_s") else "", "tokens": tokens,
+            "retries": str(c.get("retries") or 0), "cost": "-" if cost is None else cost_text(cost),
+            "detail": str(c.get("detail") or ""), "error": "yes" if c.get("error") else "",
+        })
+    return out, max(0, len(calls) - limit)
+
+
+def upstream_lines(u: dict[str, Any], agent_wall_s: float | None) -> list[tuple[str, str]]:
+    """The attempt's upstream summary as (label, value) lines; working time = agent wall - wait."""
+    errs = {k: int(u.get(k) or 0) for k in CALL_ERROR_KIND.values()}
+    calls = f"{u.get('calls', 0)}"
+    if u.get("dropped"):
+        calls += f" ({u['dropped']} beyond the record cap: counted, not listed or in the sums)"
+    tokens = " / ".join(tokens_text(u.get(k), "-") for k in ("tokens_in", "tokens_out", "tokens_cached"))
+    if u.get("calls_without_usage"):
+        tokens += f"  ({u['calls_without_usage']} call(s) reported no usage; - = none reported, never 0)"
+    wait = float(u.get("wait_s") or 0.0)
+    timing = f"{wait:.2f}s"
+    if agent_wall_s is not None:
+        timing += f" of {agent_wall_s:.2f}s agent wall; working {max(0.0, agent_wall_s - wait):.2f}s"
+    lines = [
+        ("calls", calls),
+        ("tokens in / out / cached", tokens),
+        ("upstream errors", errors_text(errs) + (f"; gateway retries {u['retries']}" if u.get("retries") else "")),
+        ("waiting on the model", timing + (f"; queued in the gateway {float(u['queued_s']):.2f}s" if u.get("queued_s") else "")),
+        ("bytes sent / received", f"{format_size(u.get('bytes_in'))} / {format_size(u.get('bytes_out'))}"),
+        ("models", ", ".join(u.get("models") or []) or "-"),
+    ]
+    if "cost" in u:
+        lines.append(("cost", cost_text(u["cost"], "-") + ("" if u["cost"] is not None else " (no price table, a model without a price, or usage not reported)")))
+    return lines
+
+
+def egress_rows(events: Sequence[dict[str, Any]], limit: int = MAX_CALL_LINES) -> tuple[list[dict[str, str]], int]:
+    """The first ``limit`` egress events as display strings and how many more there are."""
+    out = []
+    for e in events[:limit]:
+        allowed = bool(e.get("allowed"))
+        why = (f"rule {e['rule']}" if e.get("rule") else "") if allowed else (e.get("reason") or "refused")
+        out.append({
+            "host": f"{e.get('host', '?')}:{e.get('port', '?')}", "method": str(e.get("method") or ""),
+            "verdict": "allowed" if allowed else "refused", "why": str(why),
+            "bytes": f"{format_size(e.get('bytes_up') or 0)} / {format_size(e.get('bytes_down') or 0)}" if allowed else "",
+        })
+    return out, max(0, len(events) - limit)
 
 
 # ----------------------------------------------------------------------------- time series

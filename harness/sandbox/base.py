@@ -48,7 +48,7 @@ class SandboxSpec:
     trees: dict[str, Tree] = field(default_factory=dict)  # container path -> files, read-only from the start
     network: str | None = None  # the attempt's private network (services); None: no network unless `egress`
     aliases: tuple[str, ...] = ()  # names on that network (a service's host name)
-    egress: bool = False  # also join the engine's default bridge (the profile's network = 'bridge')
+    egress: str | None = None  # also join this network to the internet (the run's `bridge` network)
     env: dict[str, str] = field(default_factory=dict)  # container environment (services)
     workdir: str | None = None  # default working directory of execs
     caps: tuple[str, ...] = ()  # capabilities added to an otherwise empty set

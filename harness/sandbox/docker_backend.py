@@ -13,6 +13,7 @@ import docker.errors
 import requests
 
 from harness.model.errors import EngineError, SandboxError
+from harness.sandbox import seccomp
 from harness.sandbox.base import Network, SandboxBackend, SandboxSpec
 from harness.sandbox.docker_sandbox import LIVE, PENDING, DockerSandbox, remove_all_live, retry_removals
 from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LABEL_RUN, controller_host, pid_alive, sweep_input_folders
@@ -98,7 +99,7 @@ class DockerBackend(SandboxBackend):
         try:
             c = self.client.containers.run(
                 image, ["sh", "-c", probe, "sh", command], detach=True, user=who, working_dir="/",
-                network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=[seccomp.security_opt(), "no-new-privileges"],
                 mem_limit=profile.memory, pids_limit=64, log_config={"type": "none"}, labels=_labels(),
             )
             if c.wait(timeout=60).get("StatusCode") == 0:

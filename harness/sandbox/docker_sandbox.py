@@ -43,6 +43,7 @@ from harness.model.counters import CgroupLimits, CgroupSnapshot, CounterDelta, H
 from harness.model.errors import EngineError, SandboxError
 from harness.model.sandbox import GRADE_DIR, INPUT_DIR, WORKDIR, EnvelopeCheck, ExecResult
 from harness.model.units import format_size
+from harness.sandbox import seccomp
 from harness.sandbox.base import Command, Exported, ExportFile, Measured, Sandbox, SandboxSpec, Tree
 from harness.sandbox.finish import FINISH, check_names, finish_spec, read_archive, read_finish_stream, stream_limit
 from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LiveRegistry, controller_host, input_folder
@@ -50,6 +51,7 @@ from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LiveRegistry,
 LIVE = LiveRegistry()  # the sandboxes this process holds
 PENDING = LiveRegistry()  # containers whose removal failed; retried by retry_removals()
 ROOT = "0:0"
+NO_DNS = "198.51.100.53"  # TEST-NET-2: an upstream resolver nobody has; internal networks only
 
 
 def keeper_user(workload_user: str) -> str:
@@ -267,8 +269,10 @@ class DockerSandbox(Sandbox):
             pids_limit=p.pids, read_only=not spec.writable_root, tmpfs=tmpfs, cap_drop=["ALL"], cap_add=list(spec.caps) or None,
             # no-new-privileges would also empty the capabilities of a root workload's execs (the
             # keeper is not root); a root workload has nothing to gain by execve beyond the
-            # bounding set, which is ROOT_CAPS, so it runs without it and keeps those capabilities
-            security_opt=None if spec.caps and not self.service else ["no-new-privileges"], labels=labels, volumes=volumes, ipc_mode="private",
+            # bounding set, which is ROOT_CAPS, so it runs without it and keeps those capabilities;
+            # every container gets the harness's seccomp profile (harness.sandbox.seccomp)
+            security_opt=[seccomp.security_opt()] + ([] if spec.caps and not self.service else ["no-new-privileges"]),
+            labels=labels, volumes=volumes, ipc_mode="private",
             stop_signal="SIGKILL", environment=dict(spec.env) or None,
         )
         if self.service:
@@ -279,12 +283,17 @@ class DockerSandbox(Sandbox):
         if spec.writable_root and p.storage:
             kw["storage_opt"] = {"size": str(p.storage)}
         if spec.network:
-            # names outside the attempt cannot resolve (no egress): fail a lookup in ~1 s, not 20
-            kw.update(dns_opt=["timeout:1", "attempts:1"])
             kw.update(network=spec.network, networking_config={
                 spec.network: self.client.api.create_endpoint_config(aliases=list(spec.aliases) or None)})
+            if not spec.egress:
+                # names outside the attempt must not resolve: the engine's resolver forwards them
+                # from the container's own namespace, which has no route, and a non-loopback
+                # upstream is never tried from the host's (loopback ones would be); fail in ~1 s
+                kw.update(dns=[NO_DNS], dns_opt=["timeout:1", "attempts:1"])
+        elif spec.egress:
+            kw["network"] = spec.egress
         else:
-            kw["network_mode"] = "bridge" if spec.egress else "none"
+            kw["network_mode"] = "none"
         return kw
 
     def _start(self) -> None:
@@ -308,7 +317,7 @@ class DockerSandbox(Sandbox):
                                      f"per-container quota ({str(e.explanation or e)[:120]})")
                 self.container = self.client.containers.run(self.image, **kw)
             if self.spec.network and self.spec.egress:
-                self.client.networks.get("bridge").connect(self.container)
+                self.client.networks.get(self.spec.egress).connect(self.container)
             self.container.reload()
             self.pid = int(self.container.attrs["State"]["Pid"])
         except docker.errors.ImageNotFound:

@@ -38,6 +38,7 @@ from harness.sandbox.basemap import BASE_IMAGE, DEBIAN_IMAGE, PYTHON_IMAGE, Base
 from harness.sandbox.dockerfile import DockerfileError, Translation, normalize_ref, translate
 
 POSTGRES_IMAGE = "harness/postgres:15"
+GATEWAY_IMAGE = "harness/gateway:latest"
 SANDBOX_IMAGE = "harness/sandbox:latest"
 INPUTS_LABEL = "dev.harness.inputs"
 SUITE_LABEL = "dev.harness.suite"  # on a suite's image: which suite it was built from
@@ -367,6 +368,7 @@ HARNESS_IMAGES: dict[str, tuple[str, tuple[str, ...], str]] = {
     DEBIAN_IMAGE: ("debian.Dockerfile", tuple(f"verifier-tools/{f}" for f in ("uvshim.py", "curl", "env", "harness-uv-prewarm")), BASE_IMAGE),
     PYTHON_IMAGE: ("python.Dockerfile", (), DEBIAN_IMAGE),
     POSTGRES_IMAGE: ("postgres.Dockerfile", ("pg-start.sh",), BASE_IMAGE),
+    GATEWAY_IMAGE: ("gateway.Dockerfile", (), BASE_IMAGE),
 }
 
 

@@ -48,6 +48,10 @@ class RunRow(Base):
     task_overrides: Mapped[bool] = mapped_column(Boolean, default=True)
     adjustments: Mapped[dict] = mapped_column(JSON, default=dict)
     excluded: Mapped[dict] = mapped_column(JSON, default=dict)
+    agent_name: Mapped[str] = mapped_column(String(64), default="")
+    agent_env: Mapped[dict] = mapped_column(JSON, default=dict)
+    secrets: Mapped[list] = mapped_column(JSON, default=list)
+    upstreams: Mapped[dict] = mapped_column(JSON, default=dict)
     controller: Mapped[str] = mapped_column(String(128), default="")  # host:pid-namespace:pid
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
@@ -88,6 +92,10 @@ class AttemptRow(Base):
     envelope_notes: Mapped[list] = mapped_column(JSON, default=list)
     requested_envelope: Mapped[dict] = mapped_column(JSON, default=dict)
     services: Mapped[dict] = mapped_column(JSON, default=dict)
+    model_calls: Mapped[list] = mapped_column(JSON, default=list)
+    upstream: Mapped[dict] = mapped_column(JSON, default=dict)
+    egress: Mapped[list] = mapped_column(JSON, default=list)
+    egress_summary: Mapped[dict] = mapped_column(JSON, default=dict)
     cpu_usage_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     nr_periods: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     nr_throttled: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

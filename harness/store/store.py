@@ -317,9 +317,9 @@ class Store:
         return {i: (na.get(i, 0), ns.get(i, 0)) for i in ids}
 
 
-_LISTS = ("reasons", "rules", "grade_checks", "envelope_notes")
+_LISTS = ("reasons", "rules", "grade_checks", "envelope_notes", "model_calls", "egress")
 _DICTS = ("state_diff", "envelope", "envelope_applied", "counters", "host_counters", "grade_envelope", "rewards",
-          "requested_envelope", "services")
+          "requested_envelope", "services", "upstream", "egress_summary")
 
 
 def _attempt_record(row: dict[str, Any]) -> AttemptRecord:
@@ -335,15 +335,15 @@ def _attempt_record(row: dict[str, Any]) -> AttemptRecord:
 
 
 def _run_record(row: dict[str, Any]) -> RunRecord:
-    for k in ("agent_cmd", "ks", "task_ids"):
+    for k in ("agent_cmd", "ks", "task_ids", "secrets"):
         if row.get(k) is None:
             row[k] = []
-    for k in ("profile_json", "host", "images", "substitutions", "adjustments", "excluded"):
+    for k in ("profile_json", "host", "images", "substitutions", "adjustments", "excluded", "agent_env", "upstreams"):
         if row.get(k) is None:
             row[k] = {}
     if row.get("task_overrides") is None:
         row["task_overrides"] = True
-    for k in ("controller", "note", "suite_path", "artifacts_dir", "cgroup_version", "identity_hash", "image_digest"):
+    for k in ("controller", "note", "suite_path", "artifacts_dir", "cgroup_version", "identity_hash", "image_digest", "agent_name"):
         if row.get(k) is None:
             row[k] = ""
     return RunRecord.model_construct(**row)

@@ -441,6 +441,65 @@ def network_egress() -> None:
     record({"event": "network", **res})
 
 
+# --------------------------------------------------------------------------- kernel surface (seccomp)
+
+# x86_64 and aarch64 share these numbers (io_uring came after the tables were unified)
+NR_IO_URING_SETUP, NR_IO_URING_ENTER, NR_IO_URING_REGISTER = 425, 426, 427
+NR_SOCKET = {"x86_64": 41, "aarch64": 198}.get(os.uname().machine)
+
+
+def _syscall(nr: int, *args: int) -> str:
+    """A raw syscall through libc: its return value, or the errno name."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    rc = libc.syscall(ctypes.c_long(nr), *(ctypes.c_long(a) for a in args))
+    if rc >= 0:
+        return f"ok:{rc}"
+    return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+
+
+def io_uring() -> None:
+    """Set up an io_uring (8 entries), then enter and register on a bad fd: any answer but
+    EPERM from the filter means the kernel's io_uring code is reachable."""
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
+    setup = _syscall(NR_IO_URING_SETUP, 8, ctypes.addressof(params))
+    if setup.startswith("ok:"):
+        os.close(int(setup[3:]))
+    record({"event": "io_uring", "setup": setup,
+            "enter": _syscall(NR_IO_URING_ENTER, -1, 0, 0, 0, 0, 0),  # EBADF when reachable
+            "register": _syscall(NR_IO_URING_REGISTER, -1, 0, 0, 0)})
+
+
+def vsock() -> None:
+    """Open an AF_VSOCK socket and connect to the host (CID 2) port 1234; also the raw
+    syscall with the family's upper 32 bits set (the kernel only sees the int's low bits)."""
+    res: dict = {}
+    for name, kind in (("stream", socket.SOCK_STREAM), ("dgram", socket.SOCK_DGRAM)):
+        try:
+            s = socket.socket(socket.AF_VSOCK, kind)
+        except OSError as e:
+            res[f"socket_{name}"] = err_name(e)
+            continue
+        res[f"socket_{name}"] = "opened"
+        if kind == socket.SOCK_STREAM:
+            try:
+                s.settimeout(2)
+                s.connect((2, 1234))
+                res["connect"] = "connected"
+            except TimeoutError:
+                res["connect"] = "TIMEOUT"
+            except OSError as e:
+                res["connect"] = err_name(e)
+        s.close()
+    res.setdefault("connect", "no socket")
+    if NR_SOCKET is not None:
+        hi = _syscall(NR_SOCKET, (1 << 32) | socket.AF_VSOCK, socket.SOCK_STREAM, 0)
+        if hi.startswith("ok:"):
+            os.close(int(hi[3:]))
+        res["socket_hi32"] = hi
+    record({"event": "vsock", **res})
+
+
 # --------------------------------------------------------------------------- system writes
 
 # (path, value): value None = only open for writing (never write to a dangerous file)
@@ -755,6 +814,8 @@ AGENTS = {
     "hijack-keeper": hijack_keeper,
     "network-egress": network_egress,
     "write-system": write_system,
+    "io-uring": io_uring,
+    "vsock": vsock,
     "export-symlink-passwd": export_symlink_passwd,
     "export-symlink-host": export_symlink_host,
     "export-special": export_special,

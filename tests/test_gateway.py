@@ -1,0 +1,238 @@
+"""The gateway process (harness/sandbox/gateway_server.py) in this process, against the test
+upstream (tests/testupstream.py, a real HTTP server — not a model): every API and stream
+format, tokens as reported (null stays null), error kinds, retries, caps, the token rules,
+the endpoint allowlist, the admin token, and the egress proxy's allow/refuse log. No Docker:
+the containerised gateway is covered by tests/test_network_docker.py and test_llm_docker.py.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from harness.core.upstream import attempt_cost, busy_seconds, summarize
+from harness.model.egress import allowed, parse_rule, parse_rules
+from harness.model.gateway import ModelCall
+from harness.sandbox import gateway_server as gs
+from testupstream import TestUpstream
+
+ADMIN = "test-admin-token"
+
+
+@pytest.fixture()
+def gw():
+    gs.ADMIN_TOKEN = ADMIN
+    gs.STATE.__init__()
+    servers = [gs.serve("127.0.0.1", 0, h) for h in (gs.AdminHandler, gs.ApiHandler, gs.ProxyHandler)]
+    ports = {name: s.server_address[1] for name, s in zip(("admin", "api", "proxy"), servers)}
+    yield ports
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def _req(port: int, method: str, path: str, body=None, headers=None, raw: bool = False):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    data = json.dumps(body).encode() if body is not None else None
+    c.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    r = c.getresponse()
+    try:
+        out = r.read()
+    except http.client.IncompleteRead as e:
+        out = e.partial
+    c.close()
+    return r.status, (out if raw else (json.loads(out) if out.strip().startswith(b"{") else out))
+
+
+def _admin(ports, path, body=None, token=ADMIN):
+    return _req(ports["admin"], "POST" if body is not None else "GET", path, body, {"X-Harness-Admin": token})
+
+
+def _setup(ports, up: TestUpstream, key: str | None = "sk-upstream-key-123456", **limits):
+    provs = {"openai": {"base": f"{up.url}/v1", "key": key}, "anthropic": {"base": up.url, "key": key}}
+    assert _admin(ports, "/admin/config", {"providers": provs, "limits": {"concurrency": 4, **limits}})[0] == 200
+    assert _admin(ports, "/admin/attempts", {"token": "tok-a", "attempt": "t/0/1", "policy": "gateway", "ip": None})[0] == 200
+
+
+def _close(ports, token="tok-a") -> list[ModelCall]:
+    st, out = _admin(ports, "/admin/attempts/close", {"token": token})
+    assert st == 200
+    return [ModelCall.model_validate(c) for c in out["calls"]]
+
+
+def _chat(ports, model, stream=False, token="tok-a", raw=False, **extra):
+    body = {"model": model, "messages": [{"role": "user", "content": "one two three four"}], "stream": stream, **extra}
+    return _req(ports["api"], "POST", "/openai/v1/chat/completions", body, {"Authorization": f"Bearer {token}"}, raw=stream or raw)
+
+
+def test_admin_needs_its_token(gw):
+    assert _admin(gw, "/admin/health", token="wrong")[0] == 403
+    assert _admin(gw, "/admin/health")[0] == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tokens_are_what_each_api_reported(gw, stream):
+    with TestUpstream(key="sk-upstream-key-123456") as up:
+        _setup(gw, up)
+        st, _ = _chat(gw, "test-echo", stream, stream_options={"include_usage": True} if stream else None)
+        assert st == 200
+        st, _ = _req(gw["api"], "POST", "/openai/v1/responses", {"model": "test-echo", "input": "a b c", "stream": stream},
+                     {"Authorization": "Bearer tok-a"}, raw=True)
+        assert st == 200
+        st, _ = _req(gw["api"], "POST", "/anthropic/v1/messages",
+                     {"model": "test-echo", "max_tokens": 50, "messages": [{"role": "user", "content": "x y"}], "stream": stream},
+                     {"x-api-key": "tok-a", "anthropic-version": "2023-06-01"}, raw=True)
+        assert st == 200
+        st, _ = _chat(gw, "test-nousage", stream)
+        assert st == 200
+        reported = list(up.reported)
+        seen_keys = [r["headers"].get("authorization") or r["headers"].get("x-api-key") for r in up.requests]
+    calls = _close(gw)
+    assert [c.endpoint for c in calls] == ["/chat/completions", "/responses", "/v1/messages", "/chat/completions"]
+    chat, resp, msg, nousage = calls
+    u = reported[0]
+    assert (chat.tokens_in, chat.tokens_out, chat.tokens_cached) == (
+        u["prompt_tokens"], u["completion_tokens"], u["prompt_tokens_details"]["cached_tokens"])
+    u = reported[1]
+    assert (resp.tokens_in, resp.tokens_out, resp.tokens_cached) == (
+        u["input_tokens"], u["output_tokens"], u["input_tokens_details"]["cached_tokens"])
+    u = reported[2]
+    assert (msg.tokens_in, msg.tokens_out, msg.tokens_cached) == (u["input_tokens"], u["output_tokens"], u["cache_read_input_tokens"])
+    assert reported[3] is None and (nousage.tokens_in, nousage.tokens_out, nousage.tokens_cached) == (None, None, None)
+    assert all(c.stream is stream and c.status == 200 and c.error is None for c in calls)
+    assert all(c.ttfb_s is not None and c.latency_s >= c.ttfb_s for c in calls)
+    # the agent's token never reached the upstream: the gateway put the real key in its place
+    assert seen_keys == ["Bearer sk-upstream-key-123456"] * 2 + ["sk-upstream-key-123456", "Bearer sk-upstream-key-123456"]
+    s = summarize(calls)
+    assert s.calls == 4 and s.calls_without_usage == 1 and s.tokens_in == sum(c.tokens_in or 0 for c in calls)
+
+
+def test_error_kinds_and_gateway_retries(gw):
+    with TestUpstream() as up:
+        _setup(gw, up, key=None)
+        assert _chat(gw, "test-429")[0] == 429
+        assert _chat(gw, "test-503")[0] == 503
+        st, body = _chat(gw, "test-truncate", raw=True)
+        assert st == 200
+        calls = _close(gw)
+        assert [c.error for c in calls] == ["rate_limited", "server_error", "connection"]
+        assert "cut off" in calls[2].detail
+        # with gateway retries, a transient 429 is absorbed and counted as a retry
+        _setup(gw, up, key=None, retries=2)
+        up.inject(status=429, times=1, match=lambda r: r["json"]["model"] == "test-echo")
+        assert _chat(gw, "test-echo")[0] == 200
+        (call,) = _close(gw)
+        assert call.retries == 1 and call.error is None
+
+
+def test_upstream_timeout_and_unreachable(gw):
+    with TestUpstream() as up:
+        _setup(gw, up, key=None, timeout=0.5)
+        assert _chat(gw, "test-slow-2")[0] == 504
+        (call,) = _close(gw)
+        assert call.error == "timeout"
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()
+    assert _admin(gw, "/admin/config", {"providers": {"openai": {"base": f"http://127.0.0.1:{port}/v1"}}})[0] == 200
+    _admin(gw, "/admin/attempts", {"token": "tok-a", "attempt": "t/0/1", "policy": "gateway"})
+    assert _chat(gw, "test-echo")[0] == 502
+    assert _close(gw)[0].error == "connection"
+
+
+def test_tokens_networks_and_endpoints_are_refused(gw):
+    with TestUpstream() as up:
+        _setup(gw, up, key=None)
+        assert _chat(gw, "test-echo", token="tok-unknown")[0] == 401
+        # a token registered for another network (the gateway's address there) is refused here
+        _admin(gw, "/admin/attempts", {"token": "tok-b", "attempt": "t/1/1", "policy": "gateway", "ip": "10.9.9.9"})
+        assert _chat(gw, "test-echo", token="tok-b")[0] == 401
+        # only model endpoints are forwarded with the run's key
+        for method, path in (("POST", "/openai/v1/files"), ("GET", "/openai/v1/organization/users"), ("POST", "/anthropic/v1/complete")):
+            assert _req(gw["api"], method, path, {} if method == "POST" else None, {"Authorization": "Bearer tok-a"})[0] == 403
+        assert _req(gw["api"], "POST", "/nope/v1/x", {}, {"Authorization": "Bearer tok-a"})[0] == 404
+        assert not up.requests
+        refused = _close(gw)
+        assert [c.error for c in refused] == ["refused"] * 4
+        assert _chat(gw, "test-echo")[0] == 401, "a closed attempt's token is dead"
+
+
+def test_concurrency_cap_queues_calls_and_records_the_wait(gw):
+    with TestUpstream() as up:
+        _setup(gw, up, key=None, concurrency=1)
+        threads = [threading.Thread(target=_chat, args=(gw, "test-slow-0.5")) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        starts = sorted(r["time"] for r in up.requests)
+    calls = _close(gw)
+    assert len(calls) == 3 and max(c.queued_s for c in calls) >= 0.8  # the third waited for two others
+    assert starts[2] - starts[0] >= 0.9  # the upstream never saw two at once
+    s = summarize(calls)
+    assert s.wait_s >= 1.4 and s.queued_s >= 1.2
+
+
+def test_egress_proxy_allows_refuses_and_logs(gw):
+    with TestUpstream() as up:
+        gs.STATE.providers = {}
+        _admin(gw, "/admin/attempts", {"token": "tok-p", "attempt": "t/0/1", "policy": "allowlist",
+                                        "allow": [f"127.0.0.1:{up.port}"], "ip": "127.0.0.1"})
+        c = http.client.HTTPConnection("127.0.0.1", gw["proxy"], timeout=10)
+        c.request("GET", f"http://127.0.0.1:{up.port}/v1/models")
+        assert c.getresponse().status == 200
+        c.close()
+        c = http.client.HTTPConnection("127.0.0.1", gw["proxy"], timeout=10)
+        c.set_tunnel("127.0.0.1", up.port + 1 if up.port < 65535 else 1)
+        with pytest.raises(OSError):
+            c.request("GET", "/")
+        c.close()
+        c = http.client.HTTPConnection("127.0.0.1", gw["proxy"], timeout=10)
+        c.request("CONNECT", "example.org:443")
+        assert c.getresponse().status == 403
+        c.close()
+    st, out = _admin(gw, "/admin/attempts/close", {"token": "tok-p"})
+    ev = [(e["host"], e["port"], e["allowed"]) for e in out["egress"]]
+    assert ev[0] == ("127.0.0.1", up.port, True) and ev[1][2] is False and ev[2] == ("example.org", 443, False)
+    assert all(e["reason"] for e in out["egress"][1:])
+
+
+def test_allowlist_entries():
+    r = parse_rules(["api.example.com", "*.pythonhosted.org:443", "10.1.0.0/16:*", "[2001:db8::/32]:8000-8100"])
+    assert allowed(r, "api.example.com", 443) and not allowed(r, "api.example.com", 22)
+    assert allowed(r, "files.pythonhosted.org", 443) and not allowed(r, "pythonhosted.org", 443)
+    assert not allowed(r, "files.pythonhosted.org", 80)
+    assert allowed(r, "internal.corp", 5432, addr="10.1.2.3") and not allowed(r, "internal.corp", 5432, addr="10.2.0.1")
+    assert allowed(r, "[2001:db8::1]", 8050) and not allowed(r, "evil.example.com", 443)
+    for bad in ("*", "", "exa mple.com", "host:0", "host:abc", "host:70000"):
+        with pytest.raises(ValueError):
+            parse_rule(bad)
+
+
+def test_summaries_and_cost():
+    assert busy_seconds([(0, 2), (1, 3), (5, 6)]) == 4
+    calls = [ModelCall(provider="openai", model="m", started=0.0, latency_s=1.0, tokens_in=1000, tokens_out=100, tokens_cached=400),
+             ModelCall(provider="openai", model="m", started=0.5, latency_s=1.0, status=429, error="rate_limited")]
+    s = summarize(calls)
+    assert (s.wait_s, s.rate_limited, s.calls_without_usage, s.tokens_in) == (1.5, 1, 0, 1000)
+    prices = {"m": {"input": 2.0, "output": 10.0, "cached": 1.0}}
+    dumped = [c.model_dump() for c in calls]
+    assert attempt_cost(dumped, prices) == pytest.approx((600 * 2 + 100 * 10 + 400 * 1) / 1e6)
+    assert attempt_cost(dumped, {"other": {"input": 1.0}}) is None  # unknown stays unknown
+    assert attempt_cost([{**dumped[0], "tokens_in": None, "tokens_out": None}], prices) is None
+
+
+def test_a_key_echoed_by_the_upstream_never_reaches_the_agent():
+    key = "sk-upstream-key-123456"
+    m = gs.Masker(key)
+    text = f'{{"error": "bad key {key}", "again": "{key}"}}'.encode()
+    pieces = [text[i:i + 5] for i in range(0, len(text), 5)]  # split anywhere, keys across chunk edges
+    out = b"".join(m.feed(p) for p in pieces) + m.feed(b"")
+    assert key.encode() not in out and len(out) == len(text) and out.count(b"*" * len(key)) == 2
+    assert gs.Masker(None).feed(b"abc") == b"abc"

@@ -1,0 +1,163 @@
+"""The refunds LLM agent end to end through the model gateway, against the test upstream
+(tests/testupstream.py: a real HTTP server scripted per ticket and seed — not a model).
+
+One run of every refunds task with `--agent llm --secret OPENAI_API_KEY`: the key is set in
+this process's environment only; the test upstream refuses calls without it, so every
+answered call proves the gateway added it. While the run is in flight a thread inspects
+every attempt container; afterwards the value is looked for in the store, the artifacts,
+every report format and those inspect documents. Then injected upstream failures: 429s
+and a 5xx discard the attempt as `upstream` and the rerun passes; a slow upstream shows as
+waiting time, not CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from harness.sandbox.owners import LABEL_RUN
+from harness.store.store import Store
+from testupstream import TestUpstream
+
+pytestmark = pytest.mark.docker
+KEY = "sk-test-" + secrets.token_hex(20)  # what a provider key looks like; exists only in this process
+
+
+def _store(tmp: Path) -> Store:
+    return Store.open(f"sqlite:///{tmp / 'home' / 'harness.db'}")
+
+
+def _llm(tmp: Path, up: TestUpstream, *args: str, env: dict | None = None):
+    return run_cli(tmp, "run", "--suite", "refunds", "--agent", "llm", "--secret", "OPENAI_API_KEY",
+                   "--upstream", f"openai=http://host.docker.internal:{up.port}/v1",
+                   "--agent-env", "REFUNDS_LLM_MODEL=test-refunds", "--json", *args,
+                   env={"OPENAI_API_KEY": KEY, **(env or {})}, timeout=1200)
+
+
+class _Inspector(threading.Thread):
+    """Inspects every container of the harness while the run is in flight."""
+
+    def __init__(self, client):
+        super().__init__(daemon=True)
+        self.client = client
+        self.docs: dict[str, str] = {}
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                for c in self.client.containers.list(filters={"label": "dev.harness"}):
+                    if c.id not in self.docs:
+                        self.docs[c.id] = json.dumps(c.attrs)
+            except Exception:
+                pass
+            self.stop.wait(0.3)
+
+
+@pytest.fixture(scope="module")
+def llm_run(tmp_path_factory, docker_client):
+    tmp = tmp_path_factory.mktemp("llm")
+    with TestUpstream(key=KEY) as up:
+        spy = _Inspector(docker_client)
+        spy.start()
+        try:
+            res = _llm(tmp, up, "--trials", "2", "--k", "1,2")
+        finally:
+            spy.stop.set()
+            spy.join()
+        requests = list(up.requests)
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    summary = json.loads(res.stdout)
+    return tmp, summary, requests, spy.docs
+
+
+def test_every_refunds_task_runs_through_the_gateway(llm_run):
+    tmp, summary, requests, _ = llm_run
+    store = _store(tmp)
+    run = store.get_run(summary["run_id"])
+    assert run.secrets == ["OPENAI_API_KEY"] and run.agent_name == "llm"
+    assert run.profile_json["network"] == "gateway" and "openai" in run.upstreams
+    attempts = [a for a in store.attempts(run.id) if a.verdict == "clean"]
+    assert {a.task_id for a in attempts} == set(run.task_ids) and len(run.task_ids) == 16
+    assert requests and all(r["headers"].get("authorization") == f"Bearer {KEY}" for r in requests)
+    # scores: the scripted model solves some tickets and fails others by a wrong state
+    outcomes = {a.outcome for a in attempts}
+    assert outcomes == {"pass", "fail"}, outcomes
+    assert any(a.failure_kind == "wrong_state" for a in attempts)
+    # every call the upstream answered is an attempt's recorded call, with its tokens
+    calls = [c for a in store.attempts(run.id) for c in a.model_calls]
+    assert len(calls) == len(requests)
+    assert all(c["tokens_in"] is not None and c["status"] == 200 for c in calls)
+    for a in attempts:
+        assert a.upstream["calls"] == len(a.model_calls) > 0
+        assert a.upstream["tokens_in"] == sum(c["tokens_in"] for c in a.model_calls)
+
+
+def test_the_secret_value_is_nowhere(llm_run):
+    tmp, summary, _, inspected = llm_run
+    run_id = summary["run_id"]
+    assert inspected, "the inspector saw no container"
+    assert KEY not in json.dumps(summary)
+    for doc in inspected.values():
+        assert KEY not in doc
+    found = []
+    for p in (tmp / "home").rglob("*"):
+        if p.is_file() and KEY.encode() in p.read_bytes():
+            found.append(str(p))
+    assert not found, found
+    for fmt in ("table", "json", "markdown", "junit", "html"):
+        out = run_cli(tmp, "report", run_id, "--format", fmt)
+        assert out.returncode in (0, 1), out.stderr
+        assert KEY not in out.stdout + out.stderr, fmt
+    for cmd in (["trials", run_id], ["runs"], ["show", f"{run_id}:1"]):
+        out = run_cli(tmp, *cmd)
+        assert KEY not in out.stdout + out.stderr, cmd
+    store = _store(tmp)
+    assert all("OPENAI_API_KEY" not in a.error or KEY not in a.error for a in store.attempts(run_id) if a.error)
+
+
+def test_a_value_passed_by_value_is_refused(tmp_path, docker_client):
+    res = run_cli(tmp_path, "run", "--suite", "refunds", "--agent-cmd", f"env OPENAI_API_KEY={KEY} refundbot", "--trials", "1", "--k", "1",
+                  env={"OPENAI_API_KEY": KEY})
+    assert res.returncode == 2, res.stderr
+    assert "credential" in res.stderr or "secret" in res.stderr
+    assert KEY not in res.stderr + res.stdout and not (tmp_path / "home" / "harness.db").exists()
+
+
+def _single(tmp: Path, up: TestUpstream, task: str, *args: str):
+    res = _llm(tmp, up, "--tasks", task, "--trials", "1", "--k", "1", "--max-reruns", "3", *args)
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    run_id = json.loads(res.stdout)["run_id"]
+    return sorted(_store(tmp).attempts(run_id), key=lambda a: a.attempt_no)
+
+
+@pytest.mark.parametrize("status,rule", [(429, "upstream_rate_limited"), (503, "upstream_server_error")])
+def test_upstream_errors_discard_the_attempt_and_the_rerun_passes(tmp_path, docker_client, status, rule):
+    with TestUpstream(key=KEY) as up:
+        up.inject(status=status, times=4)  # more than the agent's own retries: it gives up (exit 2)
+        attempts = _single(tmp_path, up, "outside-window")
+    first, last = attempts[0], attempts[-1]
+    assert first.verdict == "discarded" and rule in first.reasons, (first.reasons, first.upstream)
+    scope = {r["rule"]: r["scope"] for r in first.rules}
+    assert scope[rule] == "upstream"
+    assert first.outcome is None or first.verdict == "discarded"  # never scored
+    assert last.verdict == "clean" and last.outcome == "pass", (last.reasons, last.grade_reason)
+    assert last.attempt_no == first.attempt_no + 1 and last.seed == first.seed
+    errors = [c for c in first.model_calls if c["status"] == status]
+    assert len(errors) == 4
+
+
+def test_a_slow_upstream_is_waiting_time_not_cpu(tmp_path, docker_client):
+    with TestUpstream(key=KEY) as up:
+        up.inject(mode="slow:3", times=2)
+        attempts = _single(tmp_path, up, "outside-window")
+    a = attempts[0]  # the attempt that met the slow upstream (on a busy host it may be discarded and rerun)
+    assert a.upstream["wait_s"] >= 6.0, a.upstream
+    cpu_s = (a.cpu_usage_us or 0) / 1e6
+    assert a.upstream["wait_s"] > 5 * cpu_s, (a.upstream["wait_s"], cpu_s)
+    assert a.agent_wall_s >= a.upstream["wait_s"]
