@@ -159,3 +159,24 @@ def test_bridge_reaches_out_but_never_the_host_or_other_attempts(tmp_path, docke
     assert att.envelope["network"] == "bridge"
     # the run's firewall rules and network are gone with it
     assert not docker_client.networks.list(filters={"label": f"dev.harness.run={att.run_id}"})
+
+
+def test_a_gateway_that_died_is_started_again(docker_client):
+    from harness.sandbox.gateway import Gateway, new_token
+
+    gw = Gateway(docker_client, "rtest-revive-0001", [0], {"concurrency": 2}, {"openai": ("http://127.0.0.1:9/v1", None)})
+    net = docker_client.networks.create("harness-test-revive", driver="bridge", internal=True, labels={"dev.harness.test": "1"})
+    try:
+        gw.start()
+        assert not gw.revive(), "a live gateway is left alone"
+        docker_client.api.kill(gw.container.id)
+        assert not gw.alive() and gw.revive() and gw.restarts == 1
+        ip = gw.attach(net.name)
+        tok = new_token("rtest-revive-0001")
+        gw.register(tok, "t/0/1", "gateway", [], ip)
+        assert gw.close(tok) == ([], [], 0, 0)
+        gw.detach(net.name)
+    finally:
+        gw.stop()
+        net.remove()
+    assert not docker_client.containers.list(all=True, filters={"label": "dev.harness.run=rtest-revive-0001"})

@@ -213,6 +213,14 @@ def print_summary(s: dict[str, Any]) -> None:
     if s["unmeasured_slots"]:
         line += f"; [yellow]{s['unmeasured_slots']} unmeasured slots (not scored)[/]"
     console.print(line, highlight=False)
+    mu = s.get("model")
+    if mu:
+        def tok(v: int | None) -> str:
+            return "–" if v is None else f"{v:,}"  # unknown stays unknown, never 0
+        none = f" ({mu['calls_without_usage']} calls reported no usage)" if mu["calls_without_usage"] else ""
+        console.print(f"model calls {mu['calls']}: tokens in {tok(mu['tokens_in'])}, out {tok(mu['tokens_out'])}{none}; "
+                      f"upstream errors {mu['upstream_errors']} ({mu['upstream_discards']} attempts discarded for them); "
+                      f"waiting on the model {mu['wait_s']:.1f} s", highlight=False)
     if s.get("excluded"):
         for key, tasks in s["excluded"].items():
             console.print(f"[yellow]{key}[/]: {len(tasks)} task(s) with fewer than k clean trials left out: {', '.join(tasks)}")

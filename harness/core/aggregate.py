@@ -144,4 +144,22 @@ def summarize(run: RunRecord, attempts: list[AttemptRecord]) -> dict[str, Any]:
         "attempts": {"total": len(attempts), "clean": len(attempts) - len(discarded), "discarded": len(discarded)},
         "discard_reasons": dict(reasons),
         "unmeasured_slots": sum(len(t.unmeasured) for t in tasks.values()),
+        "model": _model_use(attempts),
     }
+
+
+def _model_use(attempts: list[AttemptRecord]) -> dict[str, Any] | None:
+    """Model calls of the run's attempts summed (None: no attempt had the gateway)."""
+    ups = [a.upstream for a in attempts if a.upstream]
+    if not ups:
+        return None
+
+    def total(key: str) -> int | None:
+        vals = [u.get(key) for u in ups if u.get(key) is not None]
+        return sum(vals) if vals else None
+
+    errors = sum(u.get(k, 0) for u in ups for k in ("rate_limited", "server_errors", "timeouts", "connection_errors"))
+    return {"calls": total("calls"), "tokens_in": total("tokens_in"), "tokens_out": total("tokens_out"),
+            "tokens_cached": total("tokens_cached"), "calls_without_usage": total("calls_without_usage"),
+            "upstream_errors": errors, "wait_s": round(sum(u.get("wait_s", 0.0) for u in ups), 2),
+            "upstream_discards": sum(1 for a in attempts if any(r.startswith("upstream_") for r in a.reasons))}

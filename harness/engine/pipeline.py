@@ -203,17 +203,26 @@ class _Attempt:
         try:
             if self.net is None:
                 self.net = self.p.backend.network(self._labels())
-            ip = gw.attach(self.net.name)
-            token = new_token(self.job.run.id)
-            j = self.job
-            gw.register(token, f"{j.task.id}/{j.slot}/{j.attempt_no}", self._policy(), list(j.profile.allow), ip)
-            self.token = token
+            try:
+                self._register(gw)
+            except Exception:
+                if not gw.revive():  # a gateway that died is started again; any other error is this attempt's
+                    raise
+                self.d.note("the model gateway had died and was restarted before this attempt")
+                self._register(gw)
         except Exception as e:
             self.ctx.infra = f"the model gateway could not take the attempt: {str(e)[:300]}"
             return False
         finally:
             self._phase("gateway", t)
         return True
+
+    def _register(self, gw: Gateway) -> None:
+        ip = gw.attach(self.net.name)
+        token = new_token(self.job.run.id)
+        j = self.job
+        gw.register(token, f"{j.task.id}/{j.slot}/{j.attempt_no}", self._policy(), list(j.profile.allow), ip)
+        self.token = token
 
     def _gateway_env(self) -> dict[str, str]:
         if self.token is None:

@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import tarfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -70,6 +71,8 @@ class Gateway:
         self.container: Any = None
         self.admin_url = ""
         self.name = f"harness-gw-{run_id[:24]}"
+        self.restarts = 0
+        self._lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------
     def start(self, log: Any = None) -> None:
@@ -111,6 +114,24 @@ class Gateway:
                 time.sleep(0.1)
         self._admin("POST", "/admin/config", {
             "providers": {n: {"base": b, "key": k} for n, (b, k) in self.providers.items()}, "limits": self.limits})
+
+    def alive(self) -> bool:
+        try:
+            return bool(self.container is not None and self.client.api.inspect_container(self.container.id)["State"]["Running"])
+        except (docker.errors.DockerException, requests.RequestException, KeyError):
+            return False
+
+    def revive(self) -> bool:
+        """Start the gateway again if it died (its attempts in flight lose their records and
+        are discarded; the next ones get the new one). True when it was restarted."""
+        with self._lock:
+            if self.alive():
+                return False
+            self.stop()
+            self.admin_token = secrets.token_hex(16)
+            self.start()
+            self.restarts += 1
+            return True
 
     def logs(self) -> str:
         try:
