@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -236,3 +237,40 @@ def test_a_key_echoed_by_the_upstream_never_reaches_the_agent():
     out = b"".join(m.feed(p) for p in pieces) + m.feed(b"")
     assert key.encode() not in out and len(out) == len(text) and out.count(b"*" * len(key)) == 2
     assert gs.Masker(None).feed(b"abc") == b"abc"
+
+
+def test_runs_that_cannot_use_the_gateway_are_refused_before_anything_starts(tmp_path):
+    from conftest import run_cli
+
+    key = "sk-test-" + "ab12" * 10
+    cases = [
+        (["--agent", "llm"], "needs a model provider"),  # an LLM agent with no provider: every call would be refused
+        (["--network", "gateway"], "needs a model provider"),
+        (["--agent", "llm", "--upstream", "openai=http://127.0.0.1:8089/v1"], "host.docker.internal"),
+        (["--agent", "llm", "--upstream", "openai=https://user:pw@example.com/v1"], "no credentials"),
+        (["--agent", "llm", "--secret", "GITHUB_TOKEN"], "model API keys only"),
+        (["--agent", "llm", "--secret", "OPENAI_API_KEY=NOT_SET_ANYWHERE"], "is not set"),
+        (["--agent-env", f"MY_API_KEY={key}"], "looks like a credential"),
+        (["--network", "allowlist"], "needs `allow` entries"),
+    ]
+    for args, words in cases:
+        res = run_cli(tmp_path, "run", "--suite", "refunds", "--trials", "1", "--k", "1", *args, env={"OPENAI_API_KEY": key})
+        assert res.returncode == 2, (args, res.stderr)
+        assert words in res.stderr, (args, res.stderr)
+        assert key not in res.stderr + res.stdout and "validation error" not in res.stderr
+    assert not (tmp_path / "home" / "harness.db").exists()
+
+
+def test_a_secret_in_a_prompt_is_refused(tmp_path):
+    import shutil
+
+    from conftest import run_cli
+
+    key = "sk-test-" + "cd34" * 10
+    suite = tmp_path / "s"
+    shutil.copytree(Path(__file__).parent.parent / "harness" / "suites" / "refunds", suite)
+    t = suite / "tasks" / "duplicate-charge.toml"
+    t.write_text(t.read_text().replace("Please fix this.", f"Please fix this. {key}"))
+    res = run_cli(tmp_path, "run", "--suite", str(suite), "--trials", "1", "--k", "1", "--agent", "llm", "--secret", "OPENAI_API_KEY",
+                  env={"OPENAI_API_KEY": key})
+    assert res.returncode == 2 and "prompt" in res.stderr and key not in res.stderr, res.stderr

@@ -180,3 +180,29 @@ def test_a_gateway_that_died_is_started_again(docker_client):
         gw.stop()
         net.remove()
     assert not docker_client.containers.list(all=True, filters={"label": "dev.harness.run=rtest-revive-0001"})
+
+
+def test_a_call_in_flight_when_the_agent_times_out_is_waiting_time(tmp_path, docker_client):
+    with TestUpstream() as up:
+        text = (HERE.parent / "sandboxes" / "standard.toml").read_text().replace("agent = 60", "agent = 3")
+        prof = tmp_path / "short.toml"
+        prof.write_text(text)
+        res = run_cli(tmp_path, "run", "--suite", str(_suite(tmp_path, {"calls": ["test-slow-8"]})), "--json", "--profile", str(prof),
+                      "--network", "gateway", "--upstream", f"openai=http://host.docker.internal:{up.port}/v1")
+    assert res.returncode in (0, 1), res.stderr[-2000:]
+    (a, *_) = Store.open(f"sqlite:///{tmp_path / 'home' / 'harness.db'}").attempts(json.loads(res.stdout)["run_id"])
+    assert a.timed_out
+    (call,) = a.model_calls
+    assert call["error"] == "cut_off" and call["latency_s"] >= 2.0
+    assert a.upstream["wait_s"] >= 2.0 and a.upstream["cut_off"] == 1
+    if a.verdict == "clean":
+        assert "waiting on the model" in a.grade_reason
+
+
+def test_a_key_the_provider_refuses_is_the_runs_setup_not_the_agents_failure(tmp_path, docker_client):
+    with TestUpstream(key="sk-the-right-key-0000") as up:  # the run passes no key: every call is answered 401
+        seen, a, attempts = _run(tmp_path, _suite(tmp_path, {"calls": ["test-echo"]}), "--network", "gateway",
+                                 "--upstream", f"openai=http://host.docker.internal:{up.port}/v1")
+    assert seen["calls"][0]["status"] == 401
+    assert all(x.verdict == "discarded" and "upstream_auth" in x.reasons for x in attempts), [x.reasons for x in attempts]
+    assert a.upstream["auth_errors"] == 1

@@ -649,7 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     up.start()
     try:
         print(f"test upstream (a scripted stand-in for tests, NOT a model) on http://127.0.0.1:{up.port}/v1 "
-              f"(bound {args.host}); models: {', '.join(MODELS)}", flush=True)
+              f"(bound {args.host}); models: {', '.join(MODELS)}\n"
+              f"  for the harness's gateway (in a container): --upstream openai=http://host.docker.internal:{up.port}/v1",
+              flush=True)
         while not done.wait(0.5):
             pass
     finally:

@@ -290,6 +290,13 @@ def sweep(
     seed: int = typer.Option(0, "--seed", help="Same seed for every envelope, so only the envelope changes."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-j", help="Lower the concurrency."),
     max_reruns: Optional[int] = typer.Option(None, "--max-reruns", help="Reruns per slot (default: the suite's)."),
+    agent: Optional[str] = typer.Option(None, "--agent", help="A built-in agent or one the suite names (as for `run`)."),
+    agent_cmd: Optional[str] = typer.Option(None, "--agent-cmd", help="Your agent's command line (as for `run`)."),
+    agent_image: Optional[str] = typer.Option(None, "--agent-image", help="Your agent's image (as for `run`)."),
+    agent_env: list[str] = typer.Option([], "--agent-env", help="KEY=VALUE for the agent (repeatable; as for `run`)."),
+    secret: list[str] = typer.Option([], "--secret", help="A model API key by name, held by the gateway (repeatable; as for `run`)."),
+    upstream: list[str] = typer.Option([], "--upstream", help="PROVIDER=URL for the gateway (repeatable; as for `run`)."),
+    network: Optional[str] = typer.Option(None, "--network", help="Network policy over each profile's (as for `run`)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="One JSON document."),
 ) -> None:
@@ -304,6 +311,8 @@ def sweep(
       harness sweep --suite refunds --profiles tight,generous --trials 4 --k 1,2,4
 
       harness sweep --suite refunds --profile tight --headroom 1,1.5,2,3 --trials 4 --k 1,2,4
+
+      harness sweep --suite refunds --profiles tight,generous --agent llm --secret OPENAI_API_KEY
     """
     from harness.core.sweep import generosity, paired_vs_reference, scale_profile, summarize_profile
     from harness.engine.profiles import load_profile
@@ -332,6 +341,12 @@ def sweep(
     except ValueError as e:
         die(str(e))
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    try:
+        agent_argv = shlex.split(agent_cmd) if agent_cmd else None
+    except ValueError as e:
+        die(f"--agent-cmd {agent_cmd!r}: {e} (it is split like a shell command line)")
+    agent_opts = dict(agent=agent, agent_cmd=agent_argv, agent_image=agent_image, agent_env=list(agent_env), secrets=list(secret),
+                      upstreams=list(upstream), network=network)
 
     def started(prof: Any, runner: Any) -> None:
         if not json_out:
@@ -341,7 +356,7 @@ def sweep(
     try:
         sweep_id, results = run_sweep(
             suite, plist, trials=trials, tasks=task_list, seed=seed, db=db, concurrency=concurrency, max_reruns=max_reruns, on_start=started,
-            ks=_parse_ks(k) if k else None,
+            ks=_parse_ks(k) if k else None, agent=agent_opts,
         )
     except KeyboardInterrupt:
         err.print("[yellow]sweep interrupted[/]; finished runs are stored, resume the last one with `harness run --resume last`")

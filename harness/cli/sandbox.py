@@ -75,6 +75,9 @@ def sandbox_exec(
     from harness.sandbox.docker_sandbox import connect
 
     prof = load_profile(profile)
+    if prof.network != "none":
+        err.print(f"[yellow]note[/]: `sandbox exec` runs with network none (profile {prof.name} says {prof.network}: "
+                  "the gateway and the other policies exist only in `harness run`)", highlight=False)
     cpus = _parse_cpuset(cpuset) if cpuset else None
     if cpus is not None:
         bad = [c for c in cpus if c not in allowed_cpus()]

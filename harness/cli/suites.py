@@ -76,7 +76,9 @@ def show(
             {"id": t.id, "title": t.title, "tags": list(t.tags), "state": t.state_kind, "grader": t.grader_kind,
              "image": t.image or s.image, "services": [x.name for x in (*s.services, *t.services)],
              "envelope": t.envelope.model_dump(exclude_none=True) if t.envelope else {}} for t in s.tasks],
-            "refused": dict(s.refused)}, indent=2))
+            "refused": dict(s.refused),
+            "agents": {"default": list(s.agent_cmd or []),
+                       **{n: a.model_dump(mode="json") for n, a in s.agents.items()}}, "secrets": list(s.secrets)}, indent=2))
         return
     t = Table(title=f"{s.name} ({s.format}): {s.description}" if s.description else f"{s.name} ({s.format})")
     for c in ("task", "title", "state / grader", "services", "envelope override"):
@@ -88,6 +90,13 @@ def show(
     for tid, why in sorted(s.refused.items()):
         t.add_row(tid, Text(why.splitlines()[0][:200], style="red"), "cannot run here", "", "")
     console.print(t)
+    agents = [f"default: {' '.join(s.agent_cmd)}"] if s.agent_cmd else []
+    agents += [f"--agent {n}: {a.description or ' '.join(a.cmd)}" + (f" (network {a.network})" if a.network else "")
+               for n, a in s.agents.items()]
+    if agents:
+        console.print(Text("agents  " + "   ".join(agents)), highlight=False)
+    if s.secrets:
+        console.print(Text(f"secrets (by name, held by the model gateway): {', '.join(s.secrets)}"), highlight=False)
 
 
 def _envelope_text(ov: dict[str, Any]) -> str:

@@ -158,7 +158,8 @@ def _model_use(attempts: list[AttemptRecord]) -> dict[str, Any] | None:
         vals = [u.get(key) for u in ups if u.get(key) is not None]
         return sum(vals) if vals else None
 
-    errors = sum(u.get(k, 0) for u in ups for k in ("rate_limited", "server_errors", "timeouts", "connection_errors"))
+    errors = sum(u.get(k, 0) for u in ups for k in ("rate_limited", "server_errors", "timeouts", "connection_errors",
+                                                     "auth_errors", "client_errors", "refused", "cut_off"))
     return {"calls": total("calls"), "tokens_in": total("tokens_in"), "tokens_out": total("tokens_out"),
             "tokens_cached": total("tokens_cached"), "calls_without_usage": total("calls_without_usage"),
             "upstream_errors": errors, "wait_s": round(sum(u.get("wait_s", 0.0) for u in ups), 2),

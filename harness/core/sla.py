@@ -22,6 +22,8 @@ UPSTREAM_RULES = (  # rule, SLA field, summary field, what
     ("upstream_server_error", "upstream_server_errors", "server_errors", "calls answered 5xx"),
     ("upstream_timeout", "upstream_timeouts", "timeouts", "calls timed out"),
     ("upstream_unreachable", "upstream_connection_errors", "connection_errors", "calls cut off or unreachable"),
+    ("upstream_auth", "upstream_auth_errors", "auth_errors", "calls whose key the provider refused"),
+    ("upstream_client_error", "upstream_client_errors", "client_errors", "calls answered another 4xx"),
 )
 
 

@@ -32,7 +32,8 @@ def summarize(calls: list[ModelCall], dropped: int = 0) -> UpstreamSummary:
     """Sum an attempt's calls (see :class:`UpstreamSummary`)."""
     f: dict[str, Any] = dict(calls=len(calls) + dropped, dropped=dropped)
     counts = {"rate_limited": "rate_limited", "server_error": "server_errors", "timeout": "timeouts",
-              "connection": "connection_errors", "refused": "refused"}
+              "connection": "connection_errors", "auth": "auth_errors", "client_error": "client_errors",
+              "refused": "refused", "cut_off": "cut_off"}
     for k in counts.values():
         f[k] = 0
     t_in = t_out = t_cached = None
@@ -49,7 +50,7 @@ def summarize(calls: list[ModelCall], dropped: int = 0) -> UpstreamSummary:
     f.update(
         retries=sum(c.retries for c in calls), tokens_in=t_in, tokens_out=t_out, tokens_cached=t_cached,
         calls_without_usage=missing, queued_s=round(sum(c.queued_s for c in calls), 4),
-        wait_s=round(busy_seconds((c.started, c.started + (c.latency_s or 0.0)) for c in calls), 4),
+        wait_s=round(busy_seconds((c.started, c.started + c.queued_s + (c.latency_s or 0.0)) for c in calls), 4),
         bytes_in=sum(c.bytes_in for c in calls), bytes_out=sum(c.bytes_out for c in calls), models=list(models)[:20],
     )
     return UpstreamSummary(**f)

@@ -25,7 +25,8 @@ def run_checks() -> list[Check]:
     from harness.model.errors import EngineError
     from harness.sandbox.docker_backend import DockerBackend
     from harness.sandbox.docker_sandbox import connect, image_present
-    from harness.sandbox.images import BASE_IMAGE, HARNESS_IMAGES, SANDBOX_IMAGE
+    from harness.sandbox.gateway import firewall_check
+    from harness.sandbox.images import BASE_IMAGE, GATEWAY_IMAGE, HARNESS_IMAGES, SANDBOX_IMAGE
 
     out: list[Check] = [Check("harness", "ok", f"version {harness.__version__}")]
     facts = hoststats.host_facts()
@@ -78,6 +79,11 @@ def run_checks() -> list[Check]:
         Check("images", "fail" if missing else "ok", f"missing: {', '.join(missing)}" if missing else "base, harness and suite images present",
               "make images" if missing else "")
     )
+    if GATEWAY_IMAGE not in missing:
+        why = firewall_check(client)
+        out.append(Check("network policies", "warn" if why else "ok",
+                         why or "none, gateway, allowlist and bridge available (bridge kept off the host by firewall rules)",
+                         "`bridge` runs are refused here; use gateway or allowlist (or an engine with iptables enabled)" if why else ""))
     if SANDBOX_IMAGE not in missing:
         prof = load_profile("standard")
         with pool.leased(1) as lease:

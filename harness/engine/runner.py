@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 import harness
 from harness.core import outcome
 from harness.core.plan import Progress, SlotState, new_run_id, pending_slots, resolve_ks
@@ -189,6 +191,10 @@ class Runner:
         gw = plan_gateway([*suite.secrets, *(opts.secrets or [])], opts.upstreams or [])
         refuse_leaks(gw, suite, tasks, agent_cmd, agent_env, opts.note)
         profile = network_for_run(profile, opts.network, named.network if named else None, gw)
+        if profile.network == "gateway" and not gw.upstreams:
+            who = f"agent {opts.agent}" if named and named.network == "gateway" else f"network gateway (profile {profile.name})"
+            raise RunError(f"{who} needs a model provider and this run has none, so every model call would be refused: "
+                           "pass --secret OPENAI_API_KEY (a real provider) or --upstream openai=URL (a local server)")
         explicit = opts.profile_obj is not None or opts.profile is not None
         task_overrides = suite.format == "native" or not explicit
         try:  # a malformed --base-map is a usage error, before any engine is asked
@@ -649,8 +655,8 @@ def network_for_run(profile: Profile, asked: str | None, agent_needs: str | None
         data["allow"] = []
     try:
         return Profile.model_validate(data)
-    except ValueError as e:
-        raise RunError(f"network {net}: {e}") from None
+    except ValidationError as e:
+        raise RunError(f"--network {net}: {e.errors()[0]['msg'].removeprefix('Value error, ')} (profile {profile.name})") from None
 
 
 def controller_gone(run: RunRecord) -> bool:

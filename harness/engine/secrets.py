@@ -51,7 +51,8 @@ def parse_secret(spec: str) -> tuple[str, str]:
             raise RunError(f"--secret {spec!r}: give a name like OPENAI_API_KEY (or NAME=ENVVAR), never the value")
     if name not in KEY_NAMES:
         raise RunError(f"--secret {name}: the gateway injects model API keys only: {', '.join(KEY_NAMES)} "
-                       f"(another variable can hold it: --secret OPENAI_API_KEY=MY_VAR)")
+                       f"(another variable can hold it: --secret OPENAI_API_KEY=MY_VAR); other credentials are never given "
+                       "to an agent (it would hold them): put the service it needs behind a per-attempt service instead")
     return name, var
 
 
@@ -66,6 +67,10 @@ def plan_gateway(secret_specs: Iterable[str], upstream_specs: Iterable[str], env
             raise RunError(f"--upstream {spec!r}: give PROVIDER=URL with PROVIDER one of {', '.join(PROVIDERS)}, "
                            "e.g. --upstream openai=https://api.openai.com/v1")
         parts = urllib.parse.urlsplit(url)
+        if (parts.hostname or "") in ("localhost", "127.0.0.1", "::1", "0.0.0.0") or (parts.hostname or "").startswith("127."):
+            raise RunError(f"--upstream {spec!r}: the gateway runs in a container, where {parts.hostname} is the gateway "
+                           f"itself; a server on this host is host.docker.internal there: "
+                           f"--upstream {prov}={url.replace(parts.hostname or '', 'host.docker.internal', 1)}")
         if parts.username or parts.password or parts.query or parts.fragment:
             raise RunError(f"--upstream {prov}=…: no credentials, query or fragment in the URL (it is stored with the run); "
                            "the key goes in by name: --secret")
@@ -90,6 +95,7 @@ def refuse_leaks(plan: GatewayPlan, suite: Suite, tasks: list[Task], agent_cmd: 
     places: list[tuple[str, str]] = [("the agent command", " ".join(agent_cmd)), ("--note", note)]
     places += [(f"the agent environment ({k})", f"{k}={v}") for k, v in {**suite.agent_env, **agent_env}.items()]
     for t in tasks:
+        places.append((f"task {t.id}'s prompt", t.prompt))
         places += [(f"task {t.id}'s environment ({k})", v) for k, v in t.sandbox.env.items()]
         places += [(f"service {s.name}'s environment ({k})", v) for s in t.services for k, v in s.env.items()]
     places += [(f"service {s.name}'s environment ({k})", v) for s in suite.services for k, v in s.env.items()]
@@ -103,7 +109,8 @@ def refuse_leaks(plan: GatewayPlan, suite: Suite, tasks: list[Task], agent_cmd: 
         if m:
             what = f"{m.group(0).split('=')[0]}=…" if "=" in m.group(0) else "a provider key, sk-…"
             raise RunError(f"{where} holds what looks like a credential ({what}): it would be stored and shown "
-                           "in reports; pass model API keys by name (--secret OPENAI_API_KEY) so the gateway holds them")
+                           "in reports; pass model API keys by name (--secret OPENAI_API_KEY) so the gateway holds them "
+                           "(other credentials are never given to an agent)")
     for value, name in known.items():
         for where, text in places:
             if value in text:

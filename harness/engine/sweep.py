@@ -32,6 +32,7 @@ def run_sweep(
     on_start: Callable[[Profile, Any], None] | None = None,
     events: Any = None,
     ks: list[int] | None = None,
+    agent: dict[str, Any] | None = None,
 ) -> tuple[str, list[ProfileResult]]:
     """Run ``suite`` once per profile (same tasks, same seeds), linked by a sweep id."""
     from harness.engine.runner import RunOptions, Runner
@@ -52,6 +53,7 @@ def run_sweep(
             sweep_id=sweep_id,
             ks=ks,
             note=f"sweep {sweep_id}: {prof.name}" + (f" ({note})" if note else ""),
+            **(agent or {}),  # the same agent (and model gateway) under every envelope
         )
         planned.append((prof, note, Runner.plan(opts, db=db)))
     for prof, note, runner in planned:

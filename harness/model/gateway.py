@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ErrorKind = Literal["rate_limited", "server_error", "timeout", "connection", "refused"]
+ErrorKind = Literal["rate_limited", "server_error", "timeout", "connection", "auth", "client_error", "refused", "cut_off"]
 MAX_CALLS = 2000  # call records kept per attempt (the rest are counted in the summary)
 MAX_EGRESS = 2000  # egress log lines kept per attempt
 
@@ -34,7 +34,9 @@ class ModelCall(_Rec):
     stream: bool = Field(False, description="A streaming call.")
     status: int | None = Field(None, description="HTTP status the agent got (None: the gateway answered no status).")
     error: ErrorKind | None = Field(None, description="rate_limited (429), server_error (5xx), timeout, connection "
-                                    "(refused, reset, truncated) or refused (by the gateway: unknown token, endpoint).")
+                                    "(refused, reset, truncated), auth (the provider refused the key: 401/403), client_error "
+                                    "(another 4xx, e.g. an unknown model), refused (by the gateway: unknown token, endpoint), "
+                                    "cut_off (still in flight when the attempt ended).")
     started: float = Field(..., description="Unix time the call reached the gateway.")
     queued_s: float = Field(0.0, ge=0, description="Seconds it waited for the gateway's concurrency/rate caps.")
     latency_s: float | None = Field(None, ge=0, description="Seconds from reaching the gateway to the last byte.")
@@ -74,7 +76,10 @@ class UpstreamSummary(_Rec):
     server_errors: int = 0
     timeouts: int = 0
     connection_errors: int = 0
+    auth_errors: int = Field(0, description="Calls the provider refused the key for (401/403).")
+    client_errors: int = Field(0, description="Calls the provider answered with another 4xx (e.g. an unknown model).")
     refused: int = Field(0, description="Calls the gateway refused (bad token, endpoint not allowed).")
+    cut_off: int = Field(0, description="Calls still in flight when the agent was stopped (their time counts as waiting).")
     retries: int = 0
     tokens_in: int | None = None
     tokens_out: int | None = None

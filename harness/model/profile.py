@@ -106,6 +106,12 @@ class SLA(_Strict):
     upstream_connection_errors: int | None = Field(
         0, ge=0, description="upstream rule `upstream_unreachable`: model calls that could not reach the provider or "
         "whose answer was cut off (connection refused, reset, truncated).")
+    upstream_auth_errors: int | None = Field(
+        0, ge=0, description="upstream rule `upstream_auth`: calls the provider refused the key for (401/403): a missing or "
+        "wrong key is the run's setup, never the agent's failure.")
+    upstream_client_errors: int | None = Field(
+        None, ge=0, description="upstream rule `upstream_client_error`: calls answered with another 4xx (an unknown model, "
+        "a malformed request). Off by default: a request the agent got wrong is the agent's; set 0 to discard them.")
     upstream_wait_share: float | None = Field(
         None, ge=0, le=1,
         description="upstream rule `upstream_slow`: share of the agent's wall time spent waiting on the model above "

@@ -18,10 +18,11 @@ from harness.core.upstream import attempt_cost, call_cost, summarize
 from harness.model.gateway import ModelCall
 
 #: UpstreamSummary counters of upstream errors, in display order.
-ERROR_KINDS = ("rate_limited", "server_errors", "timeouts", "connection_errors", "refused")
+ERROR_KINDS = ("rate_limited", "server_errors", "timeouts", "connection_errors", "auth_errors", "client_errors", "refused", "cut_off")
 #: ModelCall.error -> the UpstreamSummary counter it is counted in.
 CALL_ERROR_KIND = {"rate_limited": "rate_limited", "server_error": "server_errors", "timeout": "timeouts",
-                   "connection": "connection_errors", "refused": "refused"}
+                   "connection": "connection_errors", "auth": "auth_errors", "client_error": "client_errors",
+                   "refused": "refused", "cut_off": "cut_off"}
 
 Prices = Mapping[str, Mapping[str, float]]
 

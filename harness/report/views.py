@@ -77,7 +77,8 @@ TRIAL_FIELDS: dict[str, tuple[str, str]] = {
     "tokens_out": ("tokens", "Output tokens as the responses reported them (empty: none reported, or no gateway)."),
     "tokens_cached": ("tokens", "Cached input tokens as the responses reported them (empty: none reported, or no gateway)."),
     "calls_without_usage": ("count", "Successful calls whose response reported no usage (their tokens are in no sum)."),
-    "upstream_errors": ("count", "Calls that ended in an upstream error: rate limited (429), 5xx, timeout, connection, refused."),
+    "upstream_errors": ("count", "Calls that ended in an error: rate limited (429), 5xx, timeout, connection, auth (401/403), "
+                        "another 4xx, refused by the gateway, cut off by the agent's end."),
     "wait_s": ("s", "Time the agent waited on the model: calls in flight (union), queueing in the gateway included."),
     "working_s": ("s", "agent_wall_s - wait_s: the agent's time not spent waiting on the model."),
     "cost_usd": ("USD", "Cost of the calls under --prices / $HARNESS_PRICES (empty: no table, an unpriced model, or no usage reported)."),
@@ -233,7 +234,7 @@ def trial_row(a: Any, th: Thresholds, prices: dict | None = None) -> dict[str, A
     row["model_calls"] = None if u is None else u.get("calls")
     for k in ("tokens_in", "tokens_out", "tokens_cached", "calls_without_usage", "upstream_errors", "wait_s", "working_s"):
         row[k] = None if u is None else u.get(k)
-    row["cost_usd"] = None if u is None else u["cost"]
+    row["cost_usd"] = None if u is None or u["cost"] is None else round(u["cost"], 9)
     return {f: row[f] for f in TRIAL_FIELDS}
 
 
@@ -389,6 +390,8 @@ _RULE_FMT = {
     "memory_pressure": "count",
     "envelope_not_applied": "count",
     "infra_error": "count",
+    **{r: "count" for r in ("upstream_rate_limited", "upstream_server_error", "upstream_timeout", "upstream_unreachable",
+                            "upstream_auth", "upstream_client_error")},
 }
 
 

@@ -81,14 +81,17 @@ class Gateway:
         here = Path(__file__).resolve().parent
         files = {"gateway_server.py": (here / "gateway_server.py").read_bytes(),
                  "egress.py": (here.parent / "model" / "egress.py").read_bytes()}
-        env = {"HARNESS_GATEWAY_ADMIN": self.admin_token}
+        files["admin-token"] = self.admin_token.encode()  # a file, not the environment (which `docker inspect` shows)
+        env: dict[str, str] = {}
         ca = host_ca_bundle()
         if ca:
             files["ca.pem"] = ca  # the controller's trust (a corporate proxy's CA included)
             env["SSL_CERT_FILE"] = f"{APP_DIR}/ca.pem"
         try:
+            self._uplink()
             self.container = self.client.containers.create(
-                GATEWAY_IMAGE, name=self.name, detach=True, labels=_labels(self.run_id, "gateway"), environment=env,
+                GATEWAY_IMAGE, name=self.name, detach=True, labels=_labels(self.run_id, "gateway"), environment=env or None,
+                network=self.uplink_name,
                 cpuset_cpus=",".join(map(str, self.cpuset)), mem_limit="512m", memswap_limit="512m", pids_limit=1024,
                 read_only=False, cap_drop=["ALL"], security_opt=["no-new-privileges"], ports={f"{ADMIN_PORT}/tcp": ("127.0.0.1", None)},
                 extra_hosts={"host.docker.internal": "host-gateway"}, sysctls={"net.ipv4.ip_forward": "0"},
@@ -114,6 +117,15 @@ class Gateway:
                 time.sleep(0.1)
         self._admin("POST", "/admin/config", {
             "providers": {n: {"base": b, "key": k} for n, (b, k) in self.providers.items()}, "limits": self.limits})
+
+    def _uplink(self) -> None:
+        """The gateway's own way out: a network of its own (no other container on it, inter-container
+        traffic off), so nothing but the host reaches its admin port and nothing but attempts its API."""
+        self.uplink_name = f"harness-uplink-{self.run_id[:24]}"
+        if any(n.name == self.uplink_name for n in self.client.networks.list(names=[self.uplink_name])):
+            return
+        self.client.networks.create(self.uplink_name, driver="bridge", labels=_labels(self.run_id, "uplink"),
+                                    options={"com.docker.network.bridge.enable_icc": "false"})
 
     def alive(self) -> bool:
         try:
@@ -149,6 +161,13 @@ class Gateway:
         except (docker.errors.DockerException, requests.RequestException):
             return False
         self.container = None
+        try:
+            name = getattr(self, "uplink_name", "")
+            for n in self.client.networks.list(names=[name]) if name else []:
+                if n.name == name:
+                    n.remove()
+        except (docker.errors.DockerException, requests.RequestException):
+            pass  # the run's sweep removes it
         return True
 
     # -- the admin API ---------------------------------------------------------
@@ -295,3 +314,15 @@ def host_nameservers() -> list[str]:
     except OSError:
         pass
     return out
+
+
+def firewall_check(client: docker.DockerClient) -> str | None:
+    """Why the `bridge` policy cannot be kept off the host here (None when it can): the
+    firewall helper must run with NET_ADMIN in the host's network namespace and find the
+    engine's DOCKER-USER chain (an engine with iptables disabled, or rootless, has none)."""
+    probe = EgressNetwork(client, "doctor", [])
+    try:
+        probe._helper("iptables -w 5 -S DOCKER-USER >/dev/null && iptables -w 5 -S INPUT >/dev/null")
+    except SandboxError as e:
+        return str(e)
+    return None

@@ -145,7 +145,17 @@ class State:
 
 
 STATE = State()
-ADMIN_TOKEN = os.environ.get("HARNESS_GATEWAY_ADMIN", "")
+def _admin_token() -> str:
+    """The admin token, from a file the controller put in (never the environment: `docker inspect` shows that)."""
+    path = os.environ.get("HARNESS_GATEWAY_ADMIN_FILE", os.path.join(os.path.dirname(os.path.abspath(__file__)), "admin-token"))
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+ADMIN_TOKEN = _admin_token()
 
 
 # -- usage as the answer reports it ----------------------------------------------
@@ -300,8 +310,16 @@ class AdminHandler(_Base):
                 if a is None:
                     self._json(404, {"error": "no such attempt"})
                     return
+                now = time.time()
                 with a.lock:
-                    out = {"calls": list(a.calls), "egress": list(a.egress), "dropped_calls": a.dropped_calls,
+                    calls = []
+                    for c in a.calls:
+                        c = dict(c)
+                        if c.get("latency_s") is None:  # still waiting on the upstream when the agent was stopped
+                            c.update(error="cut_off", latency_s=round(max(0.0, now - c["started"] - c.get("queued_s", 0.0)), 6),
+                                     detail="still in flight when the attempt ended")
+                        calls.append(c)
+                    out = {"calls": calls, "egress": [dict(e) for e in a.egress], "dropped_calls": a.dropped_calls,
                            "dropped_egress": a.dropped_egress}
                 self._json(200, out)
             else:
@@ -364,12 +382,12 @@ class ApiHandler(_Base):
             except ValueError:
                 pass
         rec = {"provider": provider_name, "endpoint": endpoint[:80], "model": (model or None) and model[:200], "stream": stream,
-               "started": t0, "bytes_in": len(body), "retries": 0}
+               "started": t0, "bytes_in": len(body), "retries": 0, "queued_s": 0.0}
+        attempt.add_call(rec)  # recorded from the start: a call still in flight when the attempt ends is kept (cut_off)
         try:
             self._forward(prov, method, endpoint, body, rec, t0)
         finally:
-            rec["latency_s"] = round(time.time() - t0, 6)
-            attempt.add_call(rec)
+            rec["latency_s"] = round(max(0.0, time.time() - t0 - rec["queued_s"]), 6)  # the upstream's part; queued_s beside it
 
     def _headers_out(self, prov: Provider) -> dict[str, str]:
         out = {k: v for k, v in self.headers.items() if k.lower() not in HOP and not k.lower().startswith("proxy-")}
@@ -416,8 +434,8 @@ class ApiHandler(_Base):
                     tries += 1
                     continue
                 break
-            rec["ttfb_s"] = round(time.time() - t0, 6)
-            self._relay(conn, resp, rec, t0, prov.key)
+            rec["ttfb_s"] = round(time.time() - t0 - rec["queued_s"], 6)
+            self._relay(conn, resp, rec, t0 + rec["queued_s"], prov.key)
         finally:
             prov.sem.release()
 
@@ -440,6 +458,10 @@ class ApiHandler(_Base):
             rec["error"] = "rate_limited"
         elif status >= 500:
             rec["error"] = "server_error"
+        elif status in (401, 403):
+            rec["error"] = "auth"
+        elif status >= 400:
+            rec["error"] = "client_error"
         length = resp.getheader("Content-Length")
         self.send_response(status)
         for k, v in resp.getheaders():
@@ -621,7 +643,7 @@ def serve(host: str, port: int, handler: type) -> ThreadingHTTPServer:
 
 def main() -> None:
     if not ADMIN_TOKEN:
-        log("HARNESS_GATEWAY_ADMIN is not set; refusing to start")
+        log("no admin token (admin-token next to this file); refusing to start")
         sys.exit(2)
     admin_ip = os.environ.get("HARNESS_GATEWAY_ADMIN_IP") or socket.gethostbyname(socket.gethostname())
     serve(admin_ip, ADMIN_PORT, AdminHandler)
