@@ -57,7 +57,7 @@ def _admin(ports, path, body=None, token=ADMIN):
 def _setup(ports, up: TestUpstream, key: str | None = "sk-upstream-key-123456", **limits):
     provs = {"openai": {"base": f"{up.url}/v1", "key": key}, "anthropic": {"base": up.url, "key": key}}
     assert _admin(ports, "/admin/config", {"providers": provs, "limits": {"concurrency": 4, **limits}})[0] == 200
-    assert _admin(ports, "/admin/attempts", {"token": "tok-a", "attempt": "t/0/1", "policy": "gateway", "ip": None})[0] == 200
+    assert _admin(ports, "/admin/attempts", {"token": "tok-a", "attempt": "t/0/1", "policy": "gateway", "ip": "127.0.0.1"})[0] == 200
 
 
 def _close(ports, token="tok-a") -> list[ModelCall]:
@@ -142,7 +142,7 @@ def test_upstream_timeout_and_unreachable(gw):
     port = dead.getsockname()[1]
     dead.close()
     assert _admin(gw, "/admin/config", {"providers": {"openai": {"base": f"http://127.0.0.1:{port}/v1"}}})[0] == 200
-    _admin(gw, "/admin/attempts", {"token": "tok-a", "attempt": "t/0/1", "policy": "gateway"})
+    _admin(gw, "/admin/attempts", {"token": "tok-a", "attempt": "t/0/1", "policy": "gateway", "ip": "127.0.0.1"})
     assert _chat(gw, "test-echo")[0] == 502
     assert _close(gw)[0].error == "connection"
 
@@ -160,8 +160,10 @@ def test_tokens_networks_and_endpoints_are_refused(gw):
         assert _req(gw["api"], "POST", "/nope/v1/x", {}, {"Authorization": "Bearer tok-a"})[0] == 404
         assert not up.requests
         refused = _close(gw)
-        assert [c.error for c in refused] == ["refused"] * 4
-        assert _chat(gw, "test-echo")[0] == 401, "a closed attempt's token is dead"
+        assert [c.error for c in refused] == ["refused"] * 6  # wrong tokens from its network are logged on it too
+        # a closed attempt's token is dead, and its network's address now answers nothing at all
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+            _chat(gw, "test-echo")
 
 
 def test_concurrency_cap_queues_calls_and_records_the_wait(gw):
@@ -209,7 +211,8 @@ def test_allowlist_entries():
     assert allowed(r, "api.example.com", 443) and not allowed(r, "api.example.com", 22)
     assert allowed(r, "files.pythonhosted.org", 443) and not allowed(r, "pythonhosted.org", 443)
     assert not allowed(r, "files.pythonhosted.org", 80)
-    assert allowed(r, "internal.corp", 5432, addr="10.1.2.3") and not allowed(r, "internal.corp", 5432, addr="10.2.0.1")
+    assert allowed(r, "10.1.2.3", 5432) and not allowed(r, "10.2.0.1", 5432)
+    assert not allowed(r, "internal.corp", 5432, addr="10.1.2.3"), "an address entry admits addresses, not names"
     assert allowed(r, "[2001:db8::1]", 8050) and not allowed(r, "evil.example.com", 443)
     for bad in ("*", "", "exa mple.com", "host:0", "host:abc", "host:70000"):
         with pytest.raises(ValueError):
@@ -274,3 +277,83 @@ def test_a_secret_in_a_prompt_is_refused(tmp_path):
     res = run_cli(tmp_path, "run", "--suite", str(suite), "--trials", "1", "--k", "1", "--agent", "llm", "--secret", "OPENAI_API_KEY",
                   env={"OPENAI_API_KEY": key})
     assert res.returncode == 2 and "prompt" in res.stderr and key not in res.stderr, res.stderr
+
+
+def test_an_address_with_no_attempt_gets_nothing_read(gw):
+    # nobody registered on 127.0.0.1: a 16 MiB announcement is not read, the connection is just closed
+    s = socket.create_connection(("127.0.0.1", gw["api"]), timeout=5)
+    s.sendall(b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 16000000\r\n\r\n")
+    assert s.recv(100) == b""
+    s.close()
+
+
+def test_connections_per_attempt_are_capped_and_idle_ones_dropped(gw, monkeypatch):
+    with TestUpstream() as up:
+        _setup(gw, up, key=None)
+        socks = [socket.create_connection(("127.0.0.1", gw["api"]), timeout=5) for _ in range(gs.MAX_CONNS + 6)]
+        time.sleep(0.5)
+        closed = 0
+        for s in socks[gs.MAX_CONNS:]:
+            s.settimeout(2)
+            try:
+                closed += s.recv(10) == b""
+            except OSError:
+                closed += 1
+        for s in socks:
+            s.close()
+        assert closed == 6
+        time.sleep(0.3)
+        assert _chat(gw, "test-echo")[0] == 200, "the attempt is served again once its connections are gone"
+
+
+def test_provider_side_tools_and_routing_headers_are_not_forwarded(gw):
+    with TestUpstream() as up:
+        _setup(gw, up, key=None)
+        st, body = _req(gw["api"], "POST", "/openai/v1/responses",
+                        {"model": "test-echo", "input": "x", "tools": [{"type": "web_search_preview"}]}, {"Authorization": "Bearer tok-a"})
+        assert st == 403 and "provider runs itself" in body["error"]["message"]
+        st, _ = _req(gw["api"], "POST", "/anthropic/v1/messages",
+                     {"model": "test-echo", "max_tokens": 5, "messages": [], "mcp_servers": [{"url": "https://x"}]}, {"x-api-key": "tok-a"})
+        assert st == 403
+        st, _ = _req(gw["api"], "POST", "/openai/v1/chat/completions",
+                     {"model": "test-echo", "messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+                     {"Authorization": "Bearer tok-a", "OpenAI-Organization": "org-evil", "OpenAI-Project": "p"})
+        assert st == 200
+        (r,) = up.requests
+        assert "openai-organization" not in r["headers"] and "openai-project" not in r["headers"]
+
+
+def test_an_agent_that_hangs_up_is_not_an_upstream_failure(gw):
+    with TestUpstream() as up:
+        _setup(gw, up, key=None)
+        s = socket.create_connection(("127.0.0.1", gw["api"]), timeout=5)
+        body = json.dumps({"model": "test-slow-0.3", "stream": True, "messages": [{"role": "user", "content": "a b c d e f"}]}).encode()
+        s.sendall(b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-a\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        s.recv(200)  # the first bytes of the stream, then gone
+        s.close()
+        time.sleep(2.5)
+        (call,) = _close(gw)
+    assert call.error is None and "agent closed" in call.detail
+
+
+def test_one_attempt_cannot_hold_every_slot_of_a_provider(gw):
+    with TestUpstream() as up:
+        _setup(gw, up, key=None, concurrency=2)  # per attempt: half, one call at a time
+        threads = [threading.Thread(target=_chat, args=(gw, "test-slow-0.4")) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        a, b = sorted(r["time"] for r in up.requests)
+    assert b - a >= 0.35
+
+
+def test_bad_records_are_dropped_one_by_one():
+    from harness.sandbox.gateway import _valid
+
+    good = {"provider": "openai", "started": 1.0}
+    ok, bad = _valid(ModelCall, [good, {"provider": "x" * 500, "started": 1.0}, "junk", good])
+    assert len(ok) == 2 and bad == 2
+    m = gs.Masker("sk-upstream-key-123456")
+    assert "sk-upstream" not in m.text("Bearer sk-upstream-key-123456")

@@ -319,6 +319,8 @@ class Runner:
     def _networks_up(self) -> None:
         """The run's gateway (when an attempt may reach it) and its `bridge` network (when one is under it)."""
         pol = self._policies()
+        if pol - {"none"}:  # firewall rules a killed controller left behind go first
+            EgressNetwork(self.client, self.run.id, []).sweep_stale()
         if pol & {"gateway", "allowlist"} or (self.gateway_plan.upstreams and pol - {"none"}):
             lim = self.profile.gateway.model_dump(mode="json")
             provs = {n: (u, self.gateway_plan.keys.get(n)) for n, u in self.gateway_plan.upstreams.items()}
@@ -358,6 +360,8 @@ class Runner:
                 if time.monotonic() - beat > HEARTBEAT_S:
                     beat = time.monotonic()
                     self.store.heartbeat(self.run.id)
+                    if self.gateway is not None:
+                        self.gateway.ping()  # the gateway exits on its own if the controller dies
                 if done is not None:
                     outstanding += self._take(done, executor, pipeline, prog, sink) - 1
         except KeyboardInterrupt:

@@ -10,9 +10,10 @@ the harness's egress proxy:
 * each optionally with ports: ``:443``, ``:80,443``, ``:8000-8100`` or ``:*`` (any); no
   port means 80 and 443.
 
-A name entry matches the name the client asked for (the proxy resolves it afterwards); an
-address entry matches the address the name resolved to, so ``10.0.0.0/8`` also admits a
-name that resolves inside it. This module is imported by the model (validation) and, as a
+A name entry matches the name the client asked for; an address entry matches an address the
+client asked for (an IP literal), never a name that happens to resolve inside it: the proxy
+decides before any lookup, so a refused name never leaves as a DNS query (no exfiltration
+through the resolver), and only an admitted name is resolved. This module is imported by the model (validation) and, as a
 plain file, by the gateway process inside its container, so it uses the standard library only.
 """
 
@@ -45,15 +46,10 @@ class EgressRule:
             return False
         h = host.lower().rstrip(".")
         if self.net is not None:
-            for cand in (h.strip("[]"), addr):
-                if not cand:
-                    continue
-                try:
-                    if ipaddress.ip_address(cand) in self.net:
-                        return True
-                except ValueError:
-                    continue
-            return False
+            try:
+                return ipaddress.ip_address(h.strip("[]")) in self.net
+            except ValueError:
+                return False  # a name: address entries admit addresses only
         if self.wildcard:
             return h.endswith("." + (self.name or ""))
         return h == self.name

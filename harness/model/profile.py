@@ -128,6 +128,10 @@ class GatewayLimits(_Strict):
     timeout: float = Field(300.0, gt=0, le=3600, description="Seconds an upstream call may take (a stream: between bytes) before the gateway gives up.")
     retries: int = Field(0, ge=0, le=10, description="Times the gateway retries a 429/5xx/connection error before the agent sees it "
                          "(only before any byte reached the agent); each retry is recorded with the call.")
+    per_attempt: int | None = Field(None, ge=1, le=4096, description="Calls in flight one attempt may hold at once per provider "
+                                    "(default: half of concurrency, at least 1), so one attempt cannot starve the others.")
+    server_tools: bool = Field(False, description="Forward tools the provider runs itself (web search/fetch, code execution, "
+                               "MCP servers): they reach the internet from the provider's side, past the network policy.")
 
 
 class EnvelopeOverride(_Strict):

@@ -34,7 +34,8 @@ import requests
 from harness.model.errors import SandboxError
 from harness.model.gateway import EgressEvent, ModelCall
 from harness.sandbox.images import GATEWAY_IMAGE, ensure_local_base, host_ca_bundle, image_id
-from harness.sandbox.owners import LABEL, LABEL_OWNER, LABEL_RUN
+from harness.sandbox import seccomp
+from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LABEL_RUN, controller_host
 
 GATEWAY_NAME = "harness-gateway"  # the gateway's host name on every attempt network
 API_PORT, PROXY_PORT, ADMIN_PORT = 8080, 3128, 8700
@@ -54,7 +55,8 @@ def _tar(files: dict[str, bytes]) -> bytes:
 
 
 def _labels(run_id: str, role: str) -> dict[str, str]:
-    return {LABEL: "1", LABEL_OWNER: str(os.getpid()), LABEL_RUN: run_id, "dev.harness.role": role}
+    # the owner's host too: a controller in another pid namespace never takes a live run's gateway for a dead one's
+    return {LABEL: "1", LABEL_OWNER: str(os.getpid()), LABEL_HOST: controller_host(), LABEL_RUN: run_id, "dev.harness.role": role}
 
 
 class Gateway:
@@ -92,8 +94,8 @@ class Gateway:
             self.container = self.client.containers.create(
                 GATEWAY_IMAGE, name=self.name, detach=True, labels=_labels(self.run_id, "gateway"), environment=env or None,
                 network=self.uplink_name,
-                cpuset_cpus=",".join(map(str, self.cpuset)), mem_limit="512m", memswap_limit="512m", pids_limit=1024,
-                read_only=False, cap_drop=["ALL"], security_opt=["no-new-privileges"], ports={f"{ADMIN_PORT}/tcp": ("127.0.0.1", None)},
+                cpuset_cpus=",".join(map(str, self.cpuset)), mem_limit="1g", memswap_limit="1g", pids_limit=4096,
+                read_only=False, cap_drop=["ALL"], security_opt=[seccomp.security_opt(), "no-new-privileges"], ports={f"{ADMIN_PORT}/tcp": ("127.0.0.1", None)},
                 extra_hosts={"host.docker.internal": "host-gateway"}, sysctls={"net.ipv4.ip_forward": "0"},
                 log_config={"type": "json-file", "config": {"max-size": "1m"}}, stop_signal="SIGKILL")
             self.container.put_archive(APP_DIR, _tar(files))  # root-owned, read-only to the gateway (nobody)
@@ -177,7 +179,10 @@ class Gateway:
                                      headers={"X-Harness-Admin": self.admin_token, "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - our own loopback port
-                return json.loads(r.read(64 << 20))
+                data = r.read(MAX_ADMIN_REPLY + 1)
+            if len(data) > MAX_ADMIN_REPLY:
+                raise SandboxError(f"gateway admin {path}: reply over {MAX_ADMIN_REPLY >> 20} MiB")
+            return json.loads(data)
         except urllib.error.HTTPError as e:
             raise SandboxError(f"gateway admin {path}: HTTP {e.code} {e.read(300).decode(errors='replace')}") from None
         except (OSError, ValueError) as e:
@@ -204,9 +209,30 @@ class Gateway:
     def close(self, token: str) -> tuple[list[ModelCall], list[EgressEvent], int, int]:
         """End an attempt's token; its calls and egress log (validated), and how many were dropped."""
         out = self._admin("POST", "/admin/attempts/close", {"token": token})
-        calls = [ModelCall.model_validate(c) for c in out.get("calls", [])[:5000]]
-        egress = [EgressEvent.model_validate(e) for e in out.get("egress", [])[:5000]]
-        return calls, egress, int(out.get("dropped_calls", 0)), int(out.get("dropped_egress", 0))
+        calls, bad_c = _valid(ModelCall, out.get("calls", []))
+        egress, bad_e = _valid(EgressEvent, out.get("egress", []))
+        return calls, egress, int(out.get("dropped_calls", 0)) + bad_c, int(out.get("dropped_egress", 0)) + bad_e
+
+    def ping(self) -> None:
+        """Tell the gateway the controller is alive (it exits after two minutes without a word)."""
+        try:
+            self._admin("GET", "/admin/health", timeout=5)
+        except SandboxError:
+            pass
+
+
+MAX_ADMIN_REPLY = 16 << 20  # what the controller reads of one gateway reply (2000 capped records fit many times)
+
+
+def _valid(model: Any, items: Any) -> tuple[list[Any], int]:
+    """Records that validate, and how many did not (counted as dropped: one bad record never loses the others)."""
+    out, bad = [], 0
+    for item in items[:5000] if isinstance(items, list) else []:
+        try:
+            out.append(model.model_validate(item))
+        except ValueError:
+            bad += 1
+    return out, bad
 
 
 def new_token(run_id: str) -> str:
@@ -260,6 +286,7 @@ class EgressNetwork:
         try:
             out = self.client.containers.run(GATEWAY_IMAGE, ["sh", "-c", script], network_mode="host", user="0:0", remove=True,
                                               cap_drop=["ALL"], cap_add=["NET_ADMIN", "NET_RAW"], labels=_labels(self.run_id, "firewall"),
+                                              security_opt=[seccomp.security_opt(), "no-new-privileges"],
                                               stderr=True, stdout=True)
         except docker.errors.ContainerError as e:
             raise SandboxError(f"could not set the firewall rules that keep `bridge` attempts off the host: "

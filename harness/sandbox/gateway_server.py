@@ -22,6 +22,8 @@ per run, on the controller's reserved cores), next to ``egress.py``. Three liste
 
 from __future__ import annotations
 
+import ctypes
+import hmac
 import http.client
 import json
 import os
@@ -41,7 +43,17 @@ except ImportError:  # in the container: egress.py sits next to this file
     from egress import allowed as egress_allowed, parse_rules  # type: ignore[no-redef]
 
 ADMIN_PORT, API_PORT, PROXY_PORT = 8700, 8080, 3128
-MAX_BODY = 32 << 20  # request bodies the gateway accepts (a long context fits)
+MAX_BODY = 16 << 20  # a request body the gateway accepts (a long context fits)
+MAX_BODY_IN_FLIGHT = 64 << 20  # request-body bytes one attempt may have the gateway hold at once
+MAX_CONNS = 64  # connections one attempt may hold open to the gateway at once
+IDLE_S = 30.0  # a connection that sends nothing for this long is closed (slow headers, slow bodies, idle keep-alive)
+WATCHDOG_S = 120.0  # no word from the controller this long: it is gone, and so is the gateway
+REQUEST_HEADERS = {"content-type", "accept", "user-agent", "anthropic-version", "anthropic-beta", "openai-beta", "idempotency-key"}
+RESPONSE_HEADERS = {"content-type", "retry-after", "x-request-id", "request-id", "openai-processing-ms", "openai-version",
+                    "cache-control"}
+# tools the provider runs itself, reaching the internet from its side: not forwarded unless the run allows them
+SERVER_TOOLS = ("web_search", "web_fetch", "code_execution", "code_interpreter", "mcp", "file_search", "image_generation",
+                "computer_use_preview", "local_shell")
 MAX_USAGE_SCAN = 8 << 20  # bytes of a non-streamed answer kept to read its usage
 MAX_CALLS = MAX_EGRESS = 2000
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
@@ -99,13 +111,40 @@ class Provider:
 
 
 class Attempt:
-    def __init__(self, attempt: str, policy: str, allow: list[str], ip: str | None):
+    def __init__(self, attempt: str, policy: str, allow: list[str], ip: str | None, per_attempt: int):
         self.attempt, self.policy, self.ip = attempt, policy, ip
         self.rules = parse_rules(allow)
         self.calls: list[dict] = []
         self.egress: list[dict] = []
         self.dropped_calls = self.dropped_egress = 0
         self.lock = threading.Lock()
+        self.conns = 0  # connections open from its network
+        self.body_bytes = 0  # request-body bytes being read for it
+        self.upstream: set = set()  # upstream connections in flight (closed when the attempt ends)
+        self.calls_sem = threading.BoundedSemaphore(per_attempt)  # its share of a provider's concurrency
+        self.closed = False
+
+    def reserve(self, n: int) -> bool:
+        with self.lock:
+            if self.body_bytes + n > MAX_BODY_IN_FLIGHT:
+                return False
+            self.body_bytes += n
+            return True
+
+    def release(self, n: int) -> None:
+        with self.lock:
+            self.body_bytes -= n
+
+    def end(self) -> None:
+        """The attempt is over: cut its upstream calls (their slots go to others)."""
+        with self.lock:
+            self.closed = True
+            conns, self.upstream = list(self.upstream), set()
+        for c in conns:
+            try:
+                c.close()
+            except Exception:
+                pass
 
     def add_call(self, rec: dict) -> None:
         with self.lock:
@@ -131,6 +170,9 @@ class State:
         self.by_token: dict[str, Attempt] = {}
         self.by_ip: dict[str, Attempt] = {}
         self.lock = threading.Lock()
+        self.per_attempt = 4
+        self.server_tools = False
+        self.last_admin = time.monotonic()
 
     def attempt_for(self, token: str | None, local_ip: str) -> Attempt | None:
         with self.lock:
@@ -192,6 +234,9 @@ class Masker:
         self.key = key.encode() if key and len(key) >= 8 else b""
         self.tail = b""
 
+    def text(self, value: str) -> str:
+        return value.replace(self.key.decode(), "*" * len(self.key)) if self.key else value
+
     def feed(self, chunk: bytes) -> bytes:
         """The bytes safe to send now; ``b""`` at the end flushes what was held back."""
         if not self.key:
@@ -203,6 +248,18 @@ class Masker:
         hold = next((i for i in range(min(len(self.key) - 1, len(data)), 0, -1) if data.endswith(self.key[:i])), 0)
         self.tail = data[len(data) - hold:] if hold else b""
         return data[: len(data) - hold]
+
+
+def server_side_tools(req: dict) -> str | None:
+    """Why a request asks the provider to run tools itself (web search, fetch, code, MCP), or None."""
+    if req.get("mcp_servers"):
+        return "mcp_servers"
+    tools = req.get("tools")
+    for t in tools if isinstance(tools, list) else []:
+        kind = str(t.get("type", "")) if isinstance(t, dict) else ""
+        if kind.startswith(SERVER_TOOLS):
+            return f"tool type {kind[:60]!r}"
+    return None
 
 
 class SSEUsage:
@@ -231,6 +288,7 @@ class _Base(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "harness-gateway"
     sys_version = ""
+    timeout = IDLE_S  # the socket's timeout: slow or idle clients are dropped, never held forever
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass  # no request lines in the log: paths and headers may carry agent data
@@ -246,7 +304,7 @@ class _Base(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _body(self) -> bytes | None:
+    def _body(self, attempt: "Attempt | None" = None) -> bytes | None:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             self._json(411, {"error": {"message": "harness gateway: send a Content-Length"}}, close=True)
             return None
@@ -257,14 +315,67 @@ class _Base(BaseHTTPRequestHandler):
         if n < 0 or n > MAX_BODY:
             self._json(413, {"error": {"message": f"harness gateway: body must be 0..{MAX_BODY} bytes"}}, close=True)
             return None
-        return self.rfile.read(n) if n else b""
+        if not n:
+            return b""
+        if attempt is not None and not attempt.reserve(n):
+            self._json(503, {"error": {"message": "harness gateway: too many request bytes in flight for this attempt"}}, close=True)
+            return None
+        try:
+            data = self.rfile.read(n)
+        finally:
+            if attempt is not None:
+                attempt.release(n)
+        if len(data) < n:
+            self.close_connection = True
+            return None
+        return data
+
+
+class _AttemptHandler(_Base):
+    """A handler for connections from attempt networks: a connection that arrives on an
+    address no attempt has is closed before anything is read; an attempt holds at most
+    MAX_CONNS connections."""
+
+    attempt_here: "Attempt | None" = None
+
+    def setup(self) -> None:
+        super().setup()
+        try:
+            local = self.connection.getsockname()[0]
+        except OSError:
+            local = ""
+        a = STATE.attempt_at(local)
+        if a is not None:
+            with a.lock:
+                if a.conns >= MAX_CONNS:
+                    a = None
+                else:
+                    a.conns += 1
+        self.attempt_here = a
+
+    def handle(self) -> None:
+        if self.attempt_here is None:
+            self.close_connection = True
+            return  # nothing read, nothing answered
+        super().handle()
+
+    def finish(self) -> None:
+        a = self.attempt_here
+        if a is not None:
+            with a.lock:
+                a.conns -= 1
+        try:
+            super().finish()
+        except OSError:
+            pass
 
 
 class AdminHandler(_Base):
     def _auth(self) -> bool:
-        if not ADMIN_TOKEN or self.headers.get("X-Harness-Admin") != ADMIN_TOKEN:
+        if not ADMIN_TOKEN or not hmac.compare_digest(self.headers.get("X-Harness-Admin", ""), ADMIN_TOKEN):
             self._json(403, {"error": "admin token required"}, close=True)
             return False
+        STATE.last_admin = time.monotonic()
         return True
 
     def do_GET(self) -> None:
@@ -293,10 +404,14 @@ class AdminHandler(_Base):
                     STATE.providers = provs
                     STATE.timeout = float(lim.get("timeout", 300.0))
                     STATE.retries = int(lim.get("retries", 0))
+                    conc = int(lim.get("concurrency", 8))
+                    STATE.per_attempt = int(lim.get("per_attempt") or max(1, conc // 2))
+                    STATE.server_tools = bool(lim.get("server_tools", False))
                 log(f"providers {', '.join(f'{n} -> {p.scheme}://{p.host}:{p.port}{p.prefix}' for n, p in provs.items())}")
                 self._json(200, {"ok": True})
             elif self.path == "/admin/attempts":
-                a = Attempt(str(req["attempt"]), str(req.get("policy", "gateway")), list(req.get("allow") or []), req.get("ip"))
+                a = Attempt(str(req["attempt"]), str(req.get("policy", "gateway")), list(req.get("allow") or []), req.get("ip"),
+                            STATE.per_attempt)
                 with STATE.lock:
                     STATE.by_token[str(req["token"])] = a
                     if a.ip:
@@ -310,6 +425,7 @@ class AdminHandler(_Base):
                 if a is None:
                     self._json(404, {"error": "no such attempt"})
                     return
+                a.end()
                 now = time.time()
                 with a.lock:
                     calls = []
@@ -328,7 +444,7 @@ class AdminHandler(_Base):
             self._json(400, {"error": f"{type(e).__name__}: {e}"})
 
 
-class ApiHandler(_Base):
+class ApiHandler(_AttemptHandler):
     def do_GET(self) -> None:
         self._call("GET")
 
@@ -343,7 +459,7 @@ class ApiHandler(_Base):
 
     def _refuse(self, status: int, msg: str, attempt: Attempt | None, provider: str, endpoint: str, t0: float) -> None:
         if attempt is not None:
-            attempt.add_call({"provider": provider, "endpoint": endpoint[:80], "status": status, "error": "refused",
+            attempt.add_call({"provider": provider[:40], "endpoint": endpoint[:80], "status": status, "error": "refused",
                               "started": t0, "latency_s": round(time.time() - t0, 6), "detail": msg[:300]})
         self._json(status, {"error": {"type": "harness_gateway", "message": f"harness gateway: {msg}"}})
 
@@ -355,14 +471,16 @@ class ApiHandler(_Base):
         endpoint = "/" + rest
         if provider_name == "openai" and endpoint.startswith("/v1/"):
             endpoint = endpoint[3:]  # agents get .../openai/v1 (as OpenAI's own base URL ends); the provider's base has it
-        body = self._body() if method == "POST" else b""
-        if body is None:
-            return
         attempt = STATE.attempt_for(self._token(), local_ip)
-        if attempt is None:
+        if attempt is None:  # before reading the body: an unknown caller gets nothing held for it
+            self.close_connection = True
             self._refuse(401, "unknown attempt token (each attempt has its own, valid only on its own network, only while it runs)",
                          STATE.attempt_at(local_ip), provider_name, endpoint, t0)
             return
+        body = self._body(attempt) if method == "POST" else b""
+        if body is None:
+            return
+        t0 = time.time()  # the agent's own upload is not time spent waiting on the model
         prov = STATE.providers.get(provider_name)
         if prov is None:
             self._refuse(404, f"no provider {provider_name!r} in this run (providers: {', '.join(sorted(STATE.providers)) or 'none'})",
@@ -376,28 +494,39 @@ class ApiHandler(_Base):
         if body:
             try:
                 req = json.loads(body)
-                if isinstance(req, dict):
-                    model = req.get("model") if isinstance(req.get("model"), str) else None
-                    stream = req.get("stream") is True
             except ValueError:
-                pass
-        rec = {"provider": provider_name, "endpoint": endpoint[:80], "model": (model or None) and model[:200], "stream": stream,
+                req = None
+            if isinstance(req, dict):
+                model = req.get("model") if isinstance(req.get("model"), str) else None
+                stream = req.get("stream") is True
+                why = None if STATE.server_tools else server_side_tools(req)
+                if why:
+                    self._refuse(403, f"{why}: tools the provider runs itself reach the internet from its side; this run "
+                                 "does not allow them ([gateway] server_tools = true does)", attempt, provider_name, endpoint, t0)
+                    return
+        rec = {"provider": provider_name[:40], "endpoint": endpoint[:80], "model": (model or None) and model[:200], "stream": stream,
                "started": t0, "bytes_in": len(body), "retries": 0, "queued_s": 0.0}
         attempt.add_call(rec)  # recorded from the start: a call still in flight when the attempt ends is kept (cut_off)
         try:
-            self._forward(prov, method, endpoint, body, rec, t0)
+            self._forward(prov, method, endpoint, body, rec, t0, attempt)
         finally:
             rec["latency_s"] = round(max(0.0, time.time() - t0 - rec["queued_s"]), 6)  # the upstream's part; queued_s beside it
 
     def _headers_out(self, prov: Provider) -> dict[str, str]:
-        out = {k: v for k, v in self.headers.items() if k.lower() not in HOP and not k.lower().startswith("proxy-")}
+        # only headers a model call needs: never the agent's choice of organisation, project or other routing
+        out = {k: v for k, v in self.headers.items() if k.lower() in REQUEST_HEADERS or k.lower().startswith("x-stainless-")}
         out["Host"] = prov.host if prov.port in (80, 443) else f"{prov.host}:{prov.port}"
         prov.auth(out)
         return out
 
-    def _forward(self, prov: Provider, method: str, endpoint: str, body: bytes, rec: dict, t0: float) -> None:
+    def _forward(self, prov: Provider, method: str, endpoint: str, body: bytes, rec: dict, t0: float, attempt: Attempt) -> None:
         q0 = time.monotonic()
-        prov.sem.acquire()
+        attempt.calls_sem.acquire()  # its share first, so one attempt cannot hold every slot of a provider
+        try:
+            prov.sem.acquire()
+        except BaseException:
+            attempt.calls_sem.release()
+            raise
         try:
             prov.slot()
             rec["queued_s"] = round(time.monotonic() - q0, 6)
@@ -408,6 +537,10 @@ class ApiHandler(_Base):
             tries = 0
             while True:
                 conn = prov.connect(STATE.timeout)
+                with attempt.lock:
+                    if attempt.closed:
+                        return
+                    attempt.upstream.add(conn)
                 try:
                     conn.request(method, target, body=body or None, headers=headers)
                     resp = conn.getresponse()
@@ -438,6 +571,7 @@ class ApiHandler(_Base):
             self._relay(conn, resp, rec, t0 + rec["queued_s"], prov.key)
         finally:
             prov.sem.release()
+            attempt.calls_sem.release()
 
     def _retry(self, rec: dict, tries: int, retry_after: str | None = None) -> bool:
         if tries >= STATE.retries:
@@ -463,10 +597,12 @@ class ApiHandler(_Base):
         elif status >= 400:
             rec["error"] = "client_error"
         length = resp.getheader("Content-Length")
+        mask = Masker(key)
         self.send_response(status)
         for k, v in resp.getheaders():
-            if k.lower() not in HOP and k.lower() != "set-cookie":
-                self.send_header(k, v)
+            lk = k.lower()
+            if lk in RESPONSE_HEADERS or lk.startswith(("x-ratelimit-", "anthropic-ratelimit-")):
+                self.send_header(k, mask.text(v))
         chunked = length is None
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
@@ -477,7 +613,17 @@ class ApiHandler(_Base):
         kept = bytearray()
         n = 0
         first = True
-        mask = Masker(key)
+        agent_gone = False
+
+        def send(data: bytes) -> None:
+            nonlocal agent_gone
+            if agent_gone or not data:
+                return
+            try:
+                self.wfile.write(data)
+            except OSError:
+                agent_gone = True  # the agent hung up: its choice, not the provider's failure
+
         try:
             while True:
                 chunk = resp.read1(65536)
@@ -491,15 +637,22 @@ class ApiHandler(_Base):
                     kept += chunk[: MAX_USAGE_SCAN - len(kept)]
                 out = mask.feed(chunk)  # an upstream that echoes the key never hands it to the agent
                 if out:
-                    self.wfile.write(f"{len(out):x}\r\n".encode() + out + b"\r\n" if chunked else out)
-                if not chunk:
+                    send(f"{len(out):x}\r\n".encode() + out + b"\r\n" if chunked else out)
+                if not chunk or agent_gone:
                     break
-            if length is not None and length.isdigit() and n < int(length):  # read1 ends quietly at a short body
-                raise http.client.IncompleteRead(b"", int(length) - n)
-            if chunked:
-                self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except (http.client.IncompleteRead, ConnectionError, OSError) as e:
+            if agent_gone:
+                rec["detail"] = f"the agent closed the connection after {n} bytes of the answer"
+                self.close_connection = True
+            else:
+                if length is not None and length.isdigit() and n < int(length):  # read1 ends quietly at a short body
+                    raise http.client.IncompleteRead(b"", int(length) - n)
+                if chunked:
+                    send(b"0\r\n\r\n")
+                try:
+                    self.wfile.flush()
+                except OSError:
+                    self.close_connection = True
+        except (http.client.IncompleteRead, ConnectionError, OSError) as e:  # reading the upstream's answer
             timed_out = isinstance(e, (socket.timeout, TimeoutError))
             rec.update(error="timeout" if timed_out else "connection",
                        detail=("upstream stalled mid-answer" if timed_out else f"answer cut off after {n} bytes ({type(e).__name__})"))
@@ -516,7 +669,7 @@ class ApiHandler(_Base):
         rec.update(usage)
 
 
-class ProxyHandler(_Base):
+class ProxyHandler(_AttemptHandler):
     """CONNECT host:port (TLS and anything else) and plain-HTTP absolute URIs, for attempts
     whose policy is ``allowlist``."""
 
@@ -529,22 +682,17 @@ class ProxyHandler(_Base):
         if attempt.policy != "allowlist":
             ev["reason"] = f"network policy is {attempt.policy}"
             return attempt, attempt.add_egress(ev), ev["reason"]
+        rule = egress_allowed(attempt.rules, host, port)
+        if rule is None:  # refused before any lookup: a refused name never leaves as a DNS query
+            ev["reason"] = "not in the allowlist"
+            return attempt, attempt.add_egress(ev), ev["reason"]
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             addr = infos[0][4][0]
         except (OSError, UnicodeError) as e:
-            addr = None
-            why = f"does not resolve ({type(e).__name__})"
-        else:
-            why = None
-        ev["addr"] = addr
-        rule = egress_allowed(attempt.rules, host, port, addr)
-        if rule is None:
-            ev["reason"] = "not in the allowlist"
+            ev["reason"] = f"does not resolve ({type(e).__name__})"
             return attempt, attempt.add_egress(ev), ev["reason"]
-        if why:
-            ev["reason"] = why
-            return attempt, attempt.add_egress(ev), why
+        ev["addr"] = addr
         ev.update(allowed=True, rule=rule.text[:200])
         return attempt, attempt.add_egress(ev), None
 
@@ -641,10 +789,29 @@ def serve(host: str, port: int, handler: type) -> ThreadingHTTPServer:
     return srv
 
 
+def _undumpable() -> None:
+    """No other process of this uid may read this one's memory (/proc/PID/mem, environ): the keys live there."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        log("could not make the process undumpable")
+
+
+def _watchdog() -> None:
+    """Exit when the controller has not spoken for WATCHDOG_S: a killed controller leaves no gateway holding keys."""
+    while True:
+        time.sleep(5)
+        if time.monotonic() - STATE.last_admin > WATCHDOG_S:
+            log(f"no word from the controller for {WATCHDOG_S:.0f} s; exiting")
+            os._exit(0)
+
+
 def main() -> None:
     if not ADMIN_TOKEN:
         log("no admin token (admin-token next to this file); refusing to start")
         sys.exit(2)
+    _undumpable()
+    threading.Thread(target=_watchdog, daemon=True, name="gw-watchdog").start()
     admin_ip = os.environ.get("HARNESS_GATEWAY_ADMIN_IP") or socket.gethostbyname(socket.gethostname())
     serve(admin_ip, ADMIN_PORT, AdminHandler)
     serve("0.0.0.0", API_PORT, ApiHandler)
