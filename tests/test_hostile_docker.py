@@ -41,7 +41,7 @@ MiB = 1 << 20
 ORDER = [
     "fork-bomb", "memory-hog", "fill-disk", "stdout-flood", "cpu-threads", "sleep-forever",
     "sigterm-orphans", "kill-init", "hijack-keeper", "network-egress", "write-system",
-    "io-uring", "vsock", "export-symlink-passwd", "export-symlink-host", "export-special", "export-dir",
+    "io-uring", "vsock", "vsock32", "export-symlink-passwd", "export-symlink-host", "export-special", "export-dir",
     "export-wal", "export-giant", "export-malformed", "export-at-caps",
     "state-memory-bomb", "state-slow-rows", "state-view-table", "state-huge-rows", "state-huge-wal", "state-many-tables",
     "benign",
@@ -367,6 +367,23 @@ def test_vsock_sockets_are_refused_by_the_seccomp_profile(hostile):
     # the family's upper 32 bits set (the kernel reads an int): refused as well
     assert seen.get("socket_hi32", "EPERM") == "EPERM", seen
     assert row(hostile, "vsock").failure_kind == "wrong_state"
+
+
+def test_the_i386_abi_reaches_neither_vsock_nor_io_uring_nor_namespaces(hostile):
+    seen = last(hostile, "vsock32")
+    if "skipped" in seen:
+        pytest.skip(seen["skipped"])
+    # the i386 entry point (int 0x80) works: the refusals below are the seccomp profile's
+    assert seen["getpid"].startswith("ok:") and seen["socket_inet"].endswith(":domain=2"), seen
+    # socketcall(SYS_SOCKET, {40, ...}) opened AF_VSOCK and reached CID 2 before the fix
+    assert seen["socketcall_vsock_stream"] == seen["socketcall_vsock_dgram"] == seen["socketcall_inet"] == "ENOSYS", seen
+    assert seen["socket_vsock"] == seen["socket_vsock_hi32"] == "EPERM", seen
+    assert seen["opened_vsock"] == [], seen
+    assert (seen["io_uring_setup"], seen["io_uring_enter"], seen["io_uring_register"]) == ("EPERM",) * 3, seen
+    assert seen["unshare_newuser"] == seen["clone_newuser"] == seen["setns"] == "EPERM", seen
+    assert seen["clone3"] == "ENOSYS", seen
+    assert seen["x32_socket_vsock"] == "killed:SIGSYS", seen  # x32 is outside the filter: the caller dies
+    assert row(hostile, "vsock32").failure_kind == "wrong_state"
 
 
 # --------------------------------------------------------------------------- export escapes

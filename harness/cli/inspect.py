@@ -430,12 +430,14 @@ def _print_gateway(a: Any, doc: dict[str, Any], prices: dict | None) -> None:
         c.print(Rule(f"model calls ({len(a.model_calls or [])} recorded)", style="dim", align="left"))
         if rows:
             ct = Table(show_edge=False, pad_edge=False)
-            cols = ["#", "model", "status", "latency", "ttfb", "tokens in/out/cached", "retries"] + (["cost"] if prices is not None else []) + ["detail"]
+            cols = ["#", "provider", "model", "status", "queued", "latency", "ttfb", "tokens in/out/cached", "retries"] + (["cost"] if prices is not None else []) + ["detail"]
             for col in cols:
-                ct.add_column(col, no_wrap=col != "detail", overflow="fold", justify="right" if col in ("#", "latency", "ttfb", "retries", "cost") else "left")
+                ct.add_column(col, no_wrap=col != "detail", overflow="fold",
+                              justify="right" if col in ("#", "queued", "latency", "ttfb", "retries", "cost") else "left")
             for x in rows:  # model names and details come from the gateway's record: never markup
                 st = "bold red" if x["error"] else ""
-                cells = [x["n"], Text(printable(x["model"])), Text(x["status"] + (" stream" if x["stream"] else ""), style=st),
+                cells = [x["n"], Text(printable(x["provider"])), Text(printable(x["model"])),
+                         Text(x["status"] + (" stream" if x["stream"] else ""), style=st), x["queued"] or "-",
                          x["latency"], x["ttfb"], x["tokens"], x["retries"]] + ([x["cost"]] if prices is not None else [])
                 ct.add_row(*cells, Text(printable(x["detail"])))
             c.print(ct)

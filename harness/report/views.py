@@ -578,7 +578,7 @@ def call_rows(calls: Sequence[dict[str, Any]], prices: dict | None = None, limit
         tokens = "/".join(tokens_text(c.get(k), "-") for k in ("tokens_in", "tokens_out", "tokens_cached"))
         cost = call_cost_of(c, prices)
         out.append({
-            "n": str(i), "model": str(c.get("model") or "-"), "status": status, "stream": "yes" if c.get("stream") else "",
+            "n": str(i), "provider": str(c.get("provider") or "-"), "model": str(c.get("model") or "-"), "status": status, "stream": "yes" if c.get("stream") else "",
             "latency": _s(c.get("latency_s")), "ttfb": _s(c.get("ttfb_s")),
             "queued": _s(c.get("queued_s")) if c.get("queued_s") else "", "tokens": tokens,
             "retries": str(c.get("retries") or 0), "cost": "-" if cost is None else cost_text(cost),

@@ -3,8 +3,8 @@
 Built here (not copied from moby's ``default.json``) the way Docker's default is built: the
 default action refuses every syscall with EPERM, and an explicit allowlist names the
 syscalls an ordinary unprivileged workload uses (the x86_64 table of Linux 6.1, which
-aarch64's generic table is a subset of, the 32-bit x86/arm names for compat processes, and
-a few newer syscalls). The engine takes the profile's *content* in ``SecurityOpt`` as
+aarch64's generic table is a subset of, the 32-bit x86 names for i386 processes, and a few
+newer syscalls). The engine takes the profile's *content* in ``SecurityOpt`` as
 ``seccomp=<json>`` (what ``docker run --security-opt seccomp=FILE`` sends), for the
 workload sandboxes, the services and the helper containers alike.
 
@@ -24,8 +24,8 @@ Refused (the deny set, :data:`DENIED`, each with its reason):
 - ``syslog`` (the host's kernel log, readable when ``kernel.dmesg_restrict`` is 0), and the
   newer members of refused families (``quotactl_fd``, ``set_mempolicy_home_node``,
   ``migrate_pages``, ``open_tree_attr``, ``listmount``/``statmount``);
-- ``socketcall`` (32-bit x86's socket multiplexer, whose arguments a filter cannot see:
-  it would bypass the ``socket`` rule below; 32-bit glibc there must use ``socket``).
+- ``socketcall`` (32-bit x86's socket multiplexer, whose arguments a filter cannot see):
+  see *Foreign ABIs* below.
 
 Argument rules (:data:`RULES`):
 
@@ -44,6 +44,38 @@ Argument rules (:data:`RULES`):
   answers ENOSYS and glibc falls back to ``clone``;
 - ``personality`` only for the values Docker allows (Linux, 32-bit, ``UNAME26`` and
   the query 0xffffffff).
+
+Foreign ABIs (:data:`ARCH_MAP`): on x86_64 the filter also covers the i386 ABI
+(``SCMP_ARCH_X86``: ``int 0x80``, and 32-bit binaries), under the same rules; x32 and, on
+aarch64, 32-bit arm are *not* covered, so the filter kills the thread (SIGSYS, the
+default bad-architecture action of libseccomp under runc) that makes a syscall through
+them. Measured (Linux 6.18, runc 1.1.5, libseccomp 2.5.4), from a 64-bit process with
+``int 0x80`` (``tests/test_seccomp.py``, hostile task ``vsock32``):
+
+- **Found**: i386 ``socketcall(SYS_SOCKET, {40, 1, 0})`` returned an AF_VSOCK socket
+  (``SO_DOMAIN`` 40), although ``socketcall`` is in the deny set. libseccomp adds, for each
+  rule on a socket syscall (``socket``, ``connect``, …), a rule on i386's ``socketcall``
+  with argument 0 = that sub-call, and *replaces* the rule's own argument-0 comparison
+  (the family) with it: the ``socket`` allow rules became ``socketcall(SYS_SOCKET)`` for
+  any family, and every other sub-call was allowed the same way. (Direct i386 ``socket``,
+  syscall 359, was refused for family 40; io_uring, ``unshare`` and ``clone`` with
+  namespace flags were refused on i386 too.)
+- **Fix**: ``socketcall`` gets an unconditional ``ENOSYS`` rule (:data:`RULES`). A rule
+  without argument conditions supersedes libseccomp's conditional ones for the same
+  syscall, in either order: every ``socketcall`` sub-call (1-20) now answers ENOSYS. Its
+  errno must differ from the default EPERM: a rule with the default action is dropped
+  (measured: an EPERM ``socketcall`` rule left the hole open), and a ``socketcall`` rule
+  with conditions collides with the generated ones (runc refuses the profile: "file
+  exists"). i386 programs keep working through the direct socket syscalls (359-373, the
+  same family rule as on x86_64: measured identical answers for families 0-63); a 32-bit
+  glibc that still multiplexes through ``socketcall`` (built for kernels < 4.3) gets ENOSYS
+  from ``socket()``.
+- x32 (``CONFIG_X86_X32_ABI`` is off on this kernel) and 32-bit arm were dropped from the
+  filter: nothing can be measured there, so they fail closed (an x32 ``socket`` call now
+  dies with SIGSYS instead of EPERM). Dropping i386 as well was measured and not needed:
+  every ``int 0x80`` call, even ``getpid``, then kills its thread (SIGSYS: a
+  single-threaded process dies, a threaded one loses that thread; core limit 0, no core
+  file), so no 32-bit binary would run.
 
 ``ptrace`` stays allowed (as in Docker's default on kernels >= 4.8, where it cannot be used
 to skip a seccomp check); the containers have no ``CAP_SYS_PTRACE``, and the keeper runs
@@ -123,8 +155,8 @@ X86_64_SYSCALLS = (
     "set_mempolicy_home_node",
 )
 
-# Names of the 32-bit tables (x86 from asm/unistd_32.h, the generic 32-bit names arm shares,
-# arm's own) that the x86_64 table lacks: a 32-bit (compat) process needs them.
+# Names of the 32-bit tables (x86 from asm/unistd_32.h, and the generic 32-bit names) that the
+# x86_64 table lacks: an i386 process needs them (ARCH_MAP covers i386 only).
 COMPAT_32_SYSCALLS = (
     "sync_file_range2", "clock_gettime64", "clock_settime64", "clock_adjtime64", "clock_getres_time64",
     "clock_nanosleep_time64", "timer_gettime64", "timer_settime64", "timerfd_gettime64",
@@ -140,8 +172,6 @@ COMPAT_32_SYSCALLS = (
     "getegid32", "setreuid32", "setregid32", "getgroups32", "setgroups32", "fchown32", "setresuid32",
     "getresuid32", "setresgid32", "getresgid32", "chown32", "setuid32", "setgid32", "setfsuid32",
     "setfsgid32",
-    # arm only
-    "arm_fadvise64_64", "arm_sync_file_range", "breakpoint", "cacheflush", "set_tls", "send", "recv",
 )
 
 # Syscalls after Linux 6.1 (the host's headers): allowed where the host's libseccomp knows
@@ -181,8 +211,9 @@ DENIED: dict[str, str] = {
     "quotactl_fd": "quotactl by file descriptor (quotactl is refused)",
     "set_mempolicy_home_node": "NUMA memory policy (set_mempolicy and mbind are refused)",
     "migrate_pages": "NUMA page migration of another process (move_pages is refused)",
-    "socketcall": "32-bit x86 socket multiplexer: its arguments are out of a filter's reach, so it "
-                  "would bypass the socket rule",
+    "socketcall": "32-bit x86 socket multiplexer: its arguments are out of a filter's reach, and "
+                  "libseccomp turns the socket rules into socketcall(SYS_SOCKET) for any family "
+                  "(answers ENOSYS, see RULES)",
     "bdflush": "obsolete (a no-op that needs CAP_SYS_ADMIN)",
     **dict.fromkeys(("afs_syscall", "tuxcall", "security", "vserver", "getpmsg", "putpmsg", "epoll_ctl_old",
                      "epoll_wait_old", "break", "stty", "gtty", "ftime", "prof", "profil", "lock", "mpx",
@@ -191,6 +222,8 @@ DENIED: dict[str, str] = {
 
 # Allowed only under the argument rules of RULES (so never in the plain allowlist).
 RULED = ("socket", "clone", "clone3", "personality")
+# Foreign ABIs the filter covers, per native architecture (the rest is killed by the filter).
+SUB_ARCHITECTURES = {"SCMP_ARCH_X86_64": ["SCMP_ARCH_X86"], "SCMP_ARCH_AARCH64": []}
 
 
 def allowed_names() -> list[str]:
@@ -223,14 +256,16 @@ RULES: list[dict] = [
      "comment": "no new namespaces (CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET)"},
     {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS,
      "comment": "its flags are out of the filter's reach: ENOSYS makes glibc fall back to clone"},
+    # Unconditional, and not the default EPERM (a rule with the default action is dropped):
+    # it supersedes the socketcall(SYS_*) rules libseccomp derives from the socket rules for
+    # i386, which lose the family check (socketcall(SYS_SOCKET, {40, ...}) opened AF_VSOCK).
+    {"names": ["socketcall"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS,
+     "comment": "i386 socket multiplexer (arguments out of reach): every sub-call refused; the direct socket syscalls work"},
     *({"names": ["personality"], "action": "SCMP_ACT_ALLOW", "args": [_arg(0, v, "SCMP_CMP_EQ")],
        "comment": "Linux, 32-bit, UNAME26 and the query only"} for v in PERSONALITIES),
 ]
 
-ARCH_MAP = [
-    {"architecture": "SCMP_ARCH_X86_64", "subArchitectures": ["SCMP_ARCH_X86", "SCMP_ARCH_X32"]},
-    {"architecture": "SCMP_ARCH_AARCH64", "subArchitectures": ["SCMP_ARCH_ARM"]},
-]
+ARCH_MAP = [{"architecture": arch, "subArchitectures": subs} for arch, subs in SUB_ARCHITECTURES.items()]
 
 
 def profile() -> dict:

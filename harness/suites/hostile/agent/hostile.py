@@ -18,11 +18,13 @@ import errno
 import glob
 import hashlib
 import json
+import mmap
 import os
 import signal
 import socket
 import sqlite3
 import stat
+import struct
 import sys
 import threading
 import time
@@ -500,6 +502,135 @@ def vsock() -> None:
     record({"event": "vsock", **res})
 
 
+# The i386 ABI from this 64-bit process: `int 0x80` with the i386 syscall numbers (the filter
+# sees AUDIT_ARCH_I386, as for a 32-bit binary). A stub in executable memory moves
+# (nr, a1..a6) from the SysV registers to eax, ebx, ecx, edx, esi, edi, ebp (all 64 bits:
+# the kernel reads the low 32). Pointers must lie below 4 GiB: a MAP_32BIT page holds them.
+NR32 = {"getpid": 20, "socketcall": 102, "clone": 120, "unshare": 310, "setns": 346, "socket": 359,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "clone3": 435}
+X32_BIT = 0x40000000  # x32 ABI: the x86_64 `syscall` with this bit in the number
+SYS_SOCKET = 1  # socketcall's sub-call
+CLONE_NEWUSER = 0x10000000
+_INT80_STUB = bytes.fromhex(
+    "53" "55"                # push rbx; push rbp
+    "89f8"                   # mov eax, edi
+    "4889f3"                 # mov rbx, rsi
+    "4989d2" "4889ca" "4c89d1"  # mov r10, rdx; mov rdx, rcx; mov rcx, r10
+    "4c89c6" "4c89cf"        # mov rsi, r8; mov rdi, r9
+    "488b6c2418"             # mov rbp, [rsp+24] (the 7th argument)
+    "cd80"                   # int 0x80
+    "4863c0"                 # movsxd rax, eax
+    "5d" "5b" "c3")          # pop rbp; pop rbx; ret
+
+
+class Int80:
+    """Syscalls through the i386 entry point, each in a forked child (a filter that kills the
+    caller only takes the child): ``ok:N`` (sockets: ``ok:N:domain=D``, a vsock socket also
+    tries CID 2 port 1234), an errno name, or ``killed:SIGNAME``."""
+
+    def __init__(self) -> None:
+        self.code = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        self.code.write(_INT80_STUB)
+        self.low = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_32BIT", 0x40),
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.low))
+        assert self.base < 1 << 32, hex(self.base)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(self.code))
+        self.fn = ctypes.CFUNCTYPE(ctypes.c_long, *[ctypes.c_long] * 7)(addr)
+        self.used = 0
+
+    def put(self, data: bytes) -> int:
+        """Copy ``data`` into the low page; its address (below 4 GiB)."""
+        off = self.used
+        self.low[off:off + len(data)] = data
+        self.used += (len(data) + 15) & ~15
+        return self.base + off
+
+    def _raw(self, nr: int, args: tuple[int, ...], abi: str) -> int:
+        if abi == "i386":
+            return self.fn(nr, *args, *[0] * (6 - len(args)))
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        rc = libc.syscall(ctypes.c_long(nr), *(ctypes.c_long(a) for a in args))
+        return -ctypes.get_errno() if rc < 0 else rc
+
+    def call(self, nr: int, *args: int, abi: str = "i386") -> str:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: make the call, report on the pipe, never return
+            try:
+                os.close(r)
+                rc = self._raw(nr, args, abi)
+                if rc == 0 and nr == NR32["clone"]:
+                    os._exit(0)  # the clone's own child
+                out = f"ok:{rc}" if rc >= 0 else errno.errorcode.get(-rc, str(-rc))
+                if rc >= 0:
+                    out += self._socket_facts(rc)
+                os.write(w, out.encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            out = f.read().decode(errors="replace")
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            return f"killed:{signal.Signals(os.WTERMSIG(status)).name}"
+        return out or f"exit:{os.waitstatus_to_exitcode(status)}"
+
+    @staticmethod
+    def _socket_facts(fd: int) -> str:
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            return ""  # not a socket (a pid, a ring fd)
+        out = f":domain={s.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN)}"
+        if s.family == socket.AF_VSOCK and s.type == socket.SOCK_STREAM:
+            try:
+                s.settimeout(2)
+                s.connect((2, 1234))
+                out += ":connect=connected"
+            except TimeoutError:
+                out += ":connect=TIMEOUT"
+            except OSError as e:
+                out += f":connect={err_name(e)}"
+        return out
+
+
+def vsock32() -> None:
+    """AF_VSOCK, io_uring and a new user namespace through the i386 ABI (`int 0x80`): the
+    socket multiplexer `socketcall(SYS_SOCKET, {40, type, 0})`, direct `socket` (359) with
+    family 40 (also with rbx's upper 32 bits set), `io_uring_setup/enter/register`,
+    `unshare`/`clone` with CLONE_NEWUSER, `setns`, `clone3`; and `socket(40)` through the
+    x32 ABI. `getpid` and `socket(AF_INET)` are the controls (the ABI itself works)."""
+    if os.uname().machine != "x86_64":
+        record({"event": "vsock32", "skipped": f"no int 0x80 on {os.uname().machine}"})
+        return
+    a = Int80()
+
+    def sock(family: int, kind: int) -> int:  # socketcall's argument block: {family, type, protocol}
+        return a.put(struct.pack("<3I", family, kind, 0))
+
+    res = {
+        "getpid": a.call(NR32["getpid"]),
+        "socketcall_vsock_stream": a.call(NR32["socketcall"], SYS_SOCKET, sock(socket.AF_VSOCK, socket.SOCK_STREAM)),
+        "socketcall_vsock_dgram": a.call(NR32["socketcall"], SYS_SOCKET, sock(socket.AF_VSOCK, socket.SOCK_DGRAM)),
+        "socketcall_inet": a.call(NR32["socketcall"], SYS_SOCKET, sock(socket.AF_INET, socket.SOCK_STREAM)),
+        "socket_vsock": a.call(NR32["socket"], socket.AF_VSOCK, socket.SOCK_STREAM, 0),
+        "socket_vsock_hi32": a.call(NR32["socket"], (1 << 32) | socket.AF_VSOCK, socket.SOCK_STREAM, 0),
+        "socket_inet": a.call(NR32["socket"], socket.AF_INET, socket.SOCK_STREAM, 0),
+        "io_uring_setup": a.call(NR32["io_uring_setup"], 8, a.put(bytes(120))),
+        "io_uring_enter": a.call(NR32["io_uring_enter"], 0xFFFFFFFF, 0, 0, 0, 0, 0),  # EBADF when reachable
+        "io_uring_register": a.call(NR32["io_uring_register"], 0xFFFFFFFF, 0, 0, 0),
+        "unshare_newuser": a.call(NR32["unshare"], CLONE_NEWUSER),
+        "clone_newuser": a.call(NR32["clone"], CLONE_NEWUSER | signal.SIGCHLD, 0, 0, 0, 0),
+        "setns": a.call(NR32["setns"], 0, CLONE_NEWUSER),
+        "clone3": a.call(NR32["clone3"], a.put(bytes(88)), 88),
+        "x32_socket_vsock": a.call(X32_BIT | 41, socket.AF_VSOCK, socket.SOCK_STREAM, 0, abi="x32"),
+    }
+    res["opened_vsock"] = sorted(k for k, v in res.items() if ":domain=40" in v)
+    record({"event": "vsock32", **res})
+
+
 # --------------------------------------------------------------------------- system writes
 
 # (path, value): value None = only open for writing (never write to a dangerous file)
@@ -816,6 +947,7 @@ AGENTS = {
     "write-system": write_system,
     "io-uring": io_uring,
     "vsock": vsock,
+    "vsock32": vsock32,
     "export-symlink-passwd": export_symlink_passwd,
     "export-symlink-host": export_symlink_host,
     "export-special": export_special,
