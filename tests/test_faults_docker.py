@@ -20,6 +20,7 @@ from conftest import missing
 from harness.sandbox.owners import LABEL, LABEL_RUN
 from harness.store.store import Store
 
+HOST_RULES = {"host_cpu_contention", "host_steal", "host_memory_pressure", "host_io_pressure", "host_memory_low"}
 pytestmark = pytest.mark.docker
 
 PROBE = str(Path(__file__).parent / "suites" / "probe")
@@ -222,7 +223,9 @@ def test_container_removed_from_outside_is_infra_error_not_a_crash(docker_client
     first = atts[0]
     assert first.verdict == "discarded" and first.reasons == ["infra_error"], (first.verdict, first.reasons, first.error)
     assert "container died" in first.error
-    assert [a.verdict for a in atts[1:]] == ["clean"], "the slot was rerun in a fresh container"
+    # the slot was rerun in a fresh container until clean (a busy host may discard a rerun for contention: kept as evidence)
+    assert atts[-1].verdict == "clean", [(a.verdict, a.reasons) for a in atts]
+    assert all(set(a.reasons) <= HOST_RULES for a in atts[1:-1]), [(a.verdict, a.reasons) for a in atts]
 
 
 def test_a_new_attempt_never_starts_after_the_interrupt_cleanup(docker_client, tmp_path):

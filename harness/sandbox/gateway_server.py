@@ -696,6 +696,20 @@ class ProxyHandler(_AttemptHandler):
         ev.update(allowed=True, rule=rule.text[:200])
         return attempt, attempt.add_egress(ev), None
 
+    def _open(self, host: str, port: int, method: str) -> tuple[socket.socket, dict] | None:
+        """The upstream connection for an allowed ``host:port`` (logged), or None: refused or
+        unreachable, answered and logged."""
+        _attempt, ev, why = self._decide(host, port, method)
+        if why:
+            self._json(403, {"error": f"refused by the harness egress allowlist: {host}:{port} ({why})"}, close=True)
+            return None
+        try:
+            return socket.create_connection((ev["addr"], port), timeout=10), ev
+        except OSError as e:
+            ev.update(allowed=False, reason=f"connect failed: {type(e).__name__}")
+            self._json(502, {"error": f"harness egress proxy: cannot connect to {host}:{port}"}, close=True)
+            return None
+
     def do_CONNECT(self) -> None:
         host, _, port_s = self.path.rpartition(":")
         host = host.strip("[]")
@@ -704,17 +718,11 @@ class ProxyHandler(_AttemptHandler):
         except ValueError:
             self._json(400, {"error": "CONNECT host:port"}, close=True)
             return
-        attempt, ev, why = self._decide(host, port, "CONNECT")
-        if why:
-            self._json(403, {"error": f"refused by the harness egress allowlist: {host}:{port} ({why})"}, close=True)
-            return
         t = time.monotonic()
-        try:
-            up = socket.create_connection((ev["addr"], port), timeout=10)
-        except OSError as e:
-            ev.update(allowed=False, reason=f"connect failed: {type(e).__name__}")
-            self._json(502, {"error": f"harness egress proxy: cannot connect to {host}:{port}"}, close=True)
+        opened = self._open(host, port, "CONNECT")
+        if opened is None:
             return
+        up, ev = opened
         self.send_response(200, "Connection Established")
         self.end_headers()
         self.wfile.flush()
@@ -727,21 +735,14 @@ class ProxyHandler(_AttemptHandler):
         if u.scheme != "http" or not u.hostname:
             self._json(400, {"error": "harness egress proxy: send CONNECT host:port, or an absolute http:// URI"}, close=True)
             return
-        port = u.port or 80
-        attempt, ev, why = self._decide(u.hostname, port, self.command)
-        if why:
-            self._json(403, {"error": f"refused by the harness egress allowlist: {u.hostname}:{port} ({why})"}, close=True)
-            return
-        body = self._body()
+        body = self._body(self.attempt_here)
         if body is None:
             return
         t = time.monotonic()
-        try:
-            up = socket.create_connection((ev["addr"], port), timeout=10)
-        except OSError as e:
-            ev.update(allowed=False, reason=f"connect failed: {type(e).__name__}")
-            self._json(502, {"error": f"harness egress proxy: cannot connect to {u.hostname}:{port}"}, close=True)
+        opened = self._open(u.hostname, u.port or 80, self.command)
+        if opened is None:
             return
+        up, ev = opened
         target = (u.path or "/") + (f"?{u.query}" if u.query else "")
         lines = [f"{self.command} {target} HTTP/1.1"]
         lines += [f"{k}: {v}" for k, v in self.headers.items() if not k.lower().startswith("proxy-") and k.lower() != "connection"]
