@@ -1,7 +1,9 @@
 """The attempt pipeline: one attempt of one slot, as phases over the extension points.
 
-    services up (private network, health) -> sandbox up (envelope read back) -> setup (state kind)
-      -> agent (measured, services on the same cores) -> stop (tree frozen and killed)
+    services up (private network, health) -> gateway (joins that network; the attempt's token)
+      -> sandbox up (envelope read back) -> setup (state kind)
+      -> agent (measured, services on the same cores) -> the gateway's record of its calls
+      -> stop (tree frozen and killed)
       -> grade (the grader's plan: in the sandbox, in a service, or in a separate sandbox,
          under the grade envelope) -> evidence out -> everything removed -> SLA judge
       -> immutable AttemptRecord
