@@ -498,10 +498,37 @@ def test_overdispersion_matches_formula():
     p = C / N
     s = ((5 - 5 * p) ** 2 + (1 - 6 * p) ** 2 + (2 - 4 * p) ** 2) / (p * (1 - p))
     z = (s - N) / math.sqrt(2 * (20 + 30 + 12))
+    x2 = ((5 - 5 * p) ** 2 / 5 + (1 - 6 * p) ** 2 / 6 + (2 - 4 * p) ** 2 / 4) / (p * (1 - p))  # Pearson: each task by its n
     r = overdispersion_test(tasks)
     assert r.statistic == pytest.approx(z)
-    assert r.chi2 == pytest.approx(s) and r.chi2_df == 2
+    assert r.chi2 == pytest.approx(x2) and r.chi2_df == 2 and r.chi2 != pytest.approx(s)
+    assert "one-sided p=" in r.verdict
     assert overdispersion_test([counts("a", 4, 4), counts("b", 3, 3)]).p_value is None
+
+
+def test_overdispersion_chi2_is_pearsons_homogeneity_test():
+    """Against scipy's Pearson chi-square on the 2 x T table of passes and failures (no
+    continuity correction): statistic and p-value agree; Tarone's S (not divided by n) would
+    give a p-value orders of magnitude smaller and fire on nearly every run."""
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(11)
+    for _ in range(20):
+        tasks = [counts(f"t{i}", n, rng.randint(0, n)) for i, n in enumerate(rng.choices([4, 8, 16], k=rng.randint(3, 12)))]
+        if sum(t.c for t in tasks) in (0, sum(t.n for t in tasks)):
+            continue
+        table = [[t.c for t in tasks], [t.n - t.c for t in tasks]]
+        if any(sum(col) == 0 for col in zip(*table)):
+            continue
+        chi, pval, dof, _ = stats.chi2_contingency(table, correction=False)
+        r = overdispersion_test(tasks)
+        assert r.chi2 == pytest.approx(chi, rel=1e-9) and r.chi2_df == dof
+        assert r.chi2_p_value == pytest.approx(pval, rel=1e-6, abs=1e-300)
+
+
+def test_pass_hat_k_keeps_its_digits_when_few_trials_pass():
+    for n, c, k in [(10**6, 3, 2), (10**6, 10, 5), (10**5, 2, 2), (10**6, 999_990, 7), (50, 25, 25), (10**4, 5000, 3)]:
+        exact = float(pass_hat_k_exact(n, c, k))
+        assert pass_hat_k(n, c, k) == pytest.approx(exact, rel=1e-13), (n, c, k)
 
 
 # --------------------------------------------------------------------------- sample size

@@ -189,11 +189,19 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
         return 1.0
     if k == 1:
         return c / n
+    # each factor's log taken the accurate way: log1p of a small deficit, or log of the ratio
+    # itself when the factor is far from 1 (1 - x for x near 1 would lose digits: c << n)
     if k <= n - c:
-        log_ratio = math.fsum(math.log1p(-(n - c) / (n - i)) for i in range(k))
+        log_ratio = math.fsum(_log_ratio(c - i, n - i) for i in range(k))
     else:
-        log_ratio = math.fsum(math.log1p(-k / i) for i in range(c + 1, n + 1))
+        log_ratio = math.fsum(_log_ratio(i - k, i) for i in range(c + 1, n + 1))
     return min(1.0, max(0.0, math.exp(log_ratio)))
+
+
+def _log_ratio(a: int, b: int) -> float:
+    """log(a / b) for 0 < a <= b, to full precision whether a / b is near 1 or near 0."""
+    d = b - a
+    return math.log1p(-d / b) if 2 * d < b else math.log(a / b)
 
 
 def pass_at_k_exact(n: int, c: int, k: int) -> Fraction:
@@ -715,9 +723,13 @@ def overdispersion_test(tasks: Iterable[TaskOutcomes], alpha: float = 0.05) -> O
     """Tarone's Z test for binomial overdispersion across tasks, plus a chi-square heterogeneity test.
 
     Null: every task has the same pass rate (the pooled one), so failures are spread evenly.
-    ``Z = (S - sum n) / sqrt(2 sum n(n-1))`` with ``S = sum (c - n p)^2 / (p (1 - p))``;
-    a large Z means failures cluster by task, and then suite pass^k falls well below
-    mean(pass@1)^k. Needs at least one task with 2 or more clean trials.
+    Tarone: ``Z = (S - sum n) / sqrt(2 sum n(n-1))`` with ``S = sum (c - n p)^2 / (p (1 - p))``,
+    its p-value one-sided (upper normal tail: only clustering is tested for). Pearson:
+    ``X^2 = sum (c - n p)^2 / (n p (1 - p))`` on T - 1 degrees of freedom (the 2 x T table's
+    homogeneity statistic), upper-tail p. A large Z means failures cluster by task; then the
+    suite's pass^k sits *above* mean(pass@1)^k (Jensen: the mean of p^k is at least the k-th
+    power of the mean p), so the naive figure understates reliability there, and both sit far
+    below pass@1. Needs at least one task with 2 or more clean trials.
     """
     fn = "overdispersion_test"
     alpha = _prob(fn, "alpha", alpha)
@@ -738,17 +750,18 @@ def overdispersion_test(tasks: Iterable[TaskOutcomes], alpha: float = 0.05) -> O
             verdict=f"no variation: every clean trial {'passed' if C else 'failed'}",
         )
     pq = p * (1 - p)
-    s = math.fsum((t.c - t.n * p) ** 2 for t in used) / pq
+    s = math.fsum((t.c - t.n * p) ** 2 for t in used) / pq  # Tarone's S
+    x2 = math.fsum((t.c - t.n * p) ** 2 / t.n for t in used) / pq  # Pearson's X^2 (each task by its own n)
     z = (s - N) / math.sqrt(2 * pairs)
     pz = 0.5 * math.erfc(z / math.sqrt(2))  # upper normal tail, accurate for large z
     df = len(used) - 1
-    chi_p = chi2_sf(s, df) if df > 0 else None
+    chi_p = chi2_sf(x2, df) if df > 0 else None
     if pz < alpha:
-        verdict = f"failures cluster by task (overdispersed: Tarone Z={z:.2f}, p={pz:.3g})"
+        verdict = f"failures cluster by task (overdispersed: Tarone Z={z:.2f}, one-sided p={pz:.3g})"
     else:
-        verdict = f"failures spread evenly across tasks (no overdispersion: Tarone Z={z:.2f}, p={pz:.3g})"
+        verdict = f"failures spread evenly across tasks (no overdispersion: Tarone Z={z:.2f}, one-sided p={pz:.3g})"
     return OverdispersionResult(
-        statistic=z, p_value=pz, chi2=s, chi2_df=df if df > 0 else None, chi2_p_value=chi_p,
+        statistic=z, p_value=pz, chi2=x2, chi2_df=df if df > 0 else None, chi2_p_value=chi_p,
         pooled_rate=p, n_tasks=len(used), verdict=verdict,
     )
 

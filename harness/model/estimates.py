@@ -188,7 +188,8 @@ class OverdispersionResult(_Model):
 
     statistic: float | None = Field(description="Tarone's Z; large positive means overdispersion.")
     p_value: float | None = Field(description="One-sided p-value of Z (upper tail of the normal).")
-    chi2: float | None = Field(description="Chi-square heterogeneity statistic sum (c - n p)^2 / (n p q).")
+    chi2: float | None = Field(description="Pearson's chi-square heterogeneity statistic sum (c - n p)^2 / (n p q) "
+                                "(each task divided by its own n).")
     chi2_df: int | None = Field(description="Degrees of freedom of chi2 (measured tasks - 1).")
     chi2_p_value: float | None = Field(description="Upper-tail chi-square p-value.")
     pooled_rate: float | None = Field(description="All passes / all clean trials.")

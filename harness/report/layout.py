@@ -182,7 +182,8 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
                     [
                         f"Values are means over tasks of per-task unbiased estimates; CIs are {conf} cluster-bootstrap "
                         f"intervals over tasks ({s['method']['n_boot']} replicates, seed {s['method']['seed']}). "
-                        "The naive column is mean(pass@1)^k -- a shortcut that ignores that failures cluster by task; "
+                        "The naive column is mean(pass@1)^k -- a shortcut that ignores how failures spread over tasks "
+                        "(when they cluster by task it understates pass^k; when they spread evenly it is close); "
                         "it is labeled naive and is not the suite's pass^k.",
                     ],
                     style="muted",
