@@ -50,7 +50,7 @@ def invoke(*args: str):
 def fake_attempt(**kw):
     """An AttemptRow-like object with every column trial_row reads."""
     base = dict(
-        id=7, run_id="r1", task_id="t", slot=0, attempt_no=1, verdict="clean", reasons=[], rules=[], outcome="pass",
+        id=7, run_id="r1", task_id="t", slot=0, attempt_no=1, seed=0, verdict="clean", reasons=[], rules=[], outcome="pass",
         failure_kind=None, grade_reason=None, exit_code=0, timed_out=False, wall_s=2.0, agent_wall_s=1.0, grade_wall_s=0.1, cpuset="1",
         concurrent=1, envelope={"cpus": 0.5}, counters={"wall_s": 1.0}, cpu_usage_us=250_000, throttled_us=300_000,
         throttled_share=0.3, nr_throttled=4, nr_periods=10, memory_peak=950, memory_max=1000, memory_limit_hits=2,
@@ -451,3 +451,12 @@ def test_gc_removes_old_folders_keeps_rows_unless_purge(runs, tmp_path):
     assert rows(runs.clean) == [0, 0, 0]
     assert rows(runs.noisy)[:2] == [1, 1] and noisy_dir.is_dir()  # the running run is untouched
     dst.close()
+
+
+def test_runs_on_a_fresh_machine_is_an_answer_not_an_error(tmp_path):
+    from conftest import run_cli
+
+    res = run_cli(tmp_path, "runs")
+    assert res.returncode == 0 and "no runs yet" in res.stdout, res.stderr
+    res = run_cli(tmp_path, "runs", "--json")
+    assert res.returncode == 0 and res.stdout.strip() == "[]"

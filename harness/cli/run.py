@@ -236,8 +236,15 @@ def runs(
     Example:  harness runs --limit 5
     """
     from harness.core.aggregate import summarize
-    from harness.store.store import Store
+    from harness.store.store import Store, missing_database
 
+    path = missing_database(db)
+    if path is not None:  # nothing run yet is an answer, not an error
+        if json_out:
+            print("[]")
+        else:
+            console.print(f"no runs yet (no database at {path}); start one with `harness run --suite refunds`")
+        return
     store = Store.open(db, mode="ro")
     out = []
     for r in store.runs(limit):
@@ -261,9 +268,12 @@ def runs(
     if json_out:
         print(json.dumps(out, indent=2))
         return
+    if not out:
+        console.print("no runs yet; start one with `harness run --suite refunds`")
+        return
     t = Table(title="runs (newest first)")
     for c in ("run", "created", "status", "suite", "profile", "tasks×n", "pass@1", "attempts (discarded)", "identity"):
-        t.add_column(c)
+        t.add_column(c, no_wrap=c in ("run", "created"))  # a run id is what you copy: never cut or wrapped
     for o in out:
         t.add_row(
             o["run_id"],

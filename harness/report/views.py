@@ -82,11 +82,12 @@ TRIAL_FIELDS: dict[str, tuple[str, str]] = {
     "wait_s": ("s", "Time the agent waited on the model: calls in flight (union), queueing in the gateway included."),
     "working_s": ("s", "agent_wall_s - wait_s: the agent's time not spent waiting on the model."),
     "cost_usd": ("USD", "Cost of the calls under --prices / $HARNESS_PRICES (empty: no table, an unpriced model, or no usage reported)."),
+    "seed": ("-", "The slot's seed: the same for every attempt of the slot (a rerun repeats it)."),
 }
 
 #: trial fields that are an AttemptRow column unchanged (field -> column).
 TRIAL_COLUMNS: dict[str, str] = {
-    "id": "id", "run_id": "run_id", "task": "task_id", "slot": "slot", "attempt": "attempt_no",
+    "id": "id", "run_id": "run_id", "task": "task_id", "slot": "slot", "attempt": "attempt_no", "seed": "seed",
     "verdict": "verdict", "outcome": "outcome", "failure_kind": "failure_kind", "exit_code": "exit_code",
     "timed_out": "timed_out", "wall_s": "wall_s", "agent_wall_s": "agent_wall_s", "grade_wall_s": "grade_wall_s", "cpuset": "cpuset",
     "concurrent": "concurrent", "throttled_share": "throttled_share", "nr_throttled": "nr_throttled",

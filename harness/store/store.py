@@ -46,6 +46,12 @@ def default_url() -> str:
     return os.environ.get("HARNESS_DB") or f"sqlite:///{harness_home() / 'harness.db'}"
 
 
+def missing_database(url: str | None) -> Path | None:
+    """The SQLite file ``url`` (default: the configured store) names, when it does not exist yet."""
+    path = _sqlite_path(url or default_url())
+    return path if path is not None and not path.exists() else None
+
+
 def _sqlite_path(url: str) -> Path | None:
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         return Path(url.removeprefix("sqlite:///").split("?", 1)[0])
