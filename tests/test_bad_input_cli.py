@@ -134,7 +134,9 @@ def test_unknown_run_or_attempt_ids(tmp_path, cmd):
 
 
 def test_reading_a_store_that_does_not_exist(tmp_path):
-    r = harness(tmp_path, "runs", "--db", db(tmp_path))
+    r = harness(tmp_path, "runs", "--db", db(tmp_path))  # listing nothing is an answer
+    assert r.returncode == 0 and "no runs yet" in r.stdout, r.stderr
+    r = harness(tmp_path, "report", "last", "--db", db(tmp_path))  # asking for a run that cannot exist is not
     assert r.returncode == 2 and "no harness database" in r.stderr, r.stderr
     assert not (tmp_path / "h.db").exists()
 

@@ -121,6 +121,7 @@ class Attempt:
         self.conns = 0  # connections open from its network
         self.body_bytes = 0  # request-body bytes being read for it
         self.upstream: set = set()  # upstream connections in flight (closed when the attempt ends)
+        self.inflight: dict[int, threading.Event] = {}  # calls whose handler is still at work
         self.calls_sem = threading.BoundedSemaphore(per_attempt)  # its share of a provider's concurrency
         self.closed = False
 
@@ -146,12 +147,30 @@ class Attempt:
             except Exception:
                 pass
 
-    def add_call(self, rec: dict) -> None:
+    def add_call(self, rec: dict) -> threading.Event:
+        """Keep ``rec``; the event is set once its handler has finished with it."""
+        done = threading.Event()
         with self.lock:
             if len(self.calls) < MAX_CALLS:
                 self.calls.append(rec)
+                self.inflight[id(rec)] = done
             else:
                 self.dropped_calls += 1
+        return done
+
+    def settle(self, rec: dict, done: threading.Event) -> None:
+        with self.lock:
+            self.inflight.pop(id(rec), None)
+        done.set()
+
+    def wait_settled(self, seconds: float) -> None:
+        """Let calls whose answer already went out finish their bookkeeping (an agent can have its
+        last answer a moment before the gateway's thread writes the call's latency down)."""
+        deadline = time.monotonic() + seconds
+        with self.lock:
+            pending = list(self.inflight.values())
+        for ev in pending:
+            ev.wait(max(0.0, deadline - time.monotonic()))
 
     def add_egress(self, rec: dict) -> dict:
         with self.lock:
@@ -425,6 +444,7 @@ class AdminHandler(_Base):
                 if a is None:
                     self._json(404, {"error": "no such attempt"})
                     return
+                a.wait_settled(1.0)  # a call still waiting on the upstream after this is cut_off
                 a.end()
                 now = time.time()
                 with a.lock:
@@ -459,8 +479,9 @@ class ApiHandler(_AttemptHandler):
 
     def _refuse(self, status: int, msg: str, attempt: Attempt | None, provider: str, endpoint: str, t0: float) -> None:
         if attempt is not None:
-            attempt.add_call({"provider": provider[:40], "endpoint": endpoint[:80], "status": status, "error": "refused",
-                              "started": t0, "latency_s": round(time.time() - t0, 6), "detail": msg[:300]})
+            rec = {"provider": provider[:40], "endpoint": endpoint[:80], "status": status, "error": "refused",
+                   "started": t0, "latency_s": round(time.time() - t0, 6), "detail": msg[:300]}
+            attempt.settle(rec, attempt.add_call(rec))  # complete as recorded
         self._json(status, {"error": {"type": "harness_gateway", "message": f"harness gateway: {msg}"}})
 
     def _call(self, method: str) -> None:
@@ -506,11 +527,12 @@ class ApiHandler(_AttemptHandler):
                     return
         rec = {"provider": provider_name[:40], "endpoint": endpoint[:80], "model": (model or None) and model[:200], "stream": stream,
                "started": t0, "bytes_in": len(body), "retries": 0, "queued_s": 0.0}
-        attempt.add_call(rec)  # recorded from the start: a call still in flight when the attempt ends is kept (cut_off)
+        done = attempt.add_call(rec)  # recorded from the start: a call still in flight when the attempt ends is kept (cut_off)
         try:
             self._forward(prov, method, endpoint, body, rec, t0, attempt)
         finally:
             rec["latency_s"] = round(max(0.0, time.time() - t0 - rec["queued_s"]), 6)  # the upstream's part; queued_s beside it
+            attempt.settle(rec, done)
 
     def _headers_out(self, prov: Provider) -> dict[str, str]:
         # only headers a model call needs: never the agent's choice of organisation, project or other routing
