@@ -229,7 +229,7 @@ def test_trials_rows_and_table(gw):
         assert head in r.stdout, head
     assert "1,500/250" in r.stdout and "-/-" in r.stdout  # the silent attempts: not reported, not 0
     csv_text = cli("trials", "run-gw", "--csv", "--db", url).stdout
-    assert csv_text.splitlines()[0].endswith("model_calls,tokens_in,tokens_out,tokens_cached,calls_without_usage,upstream_errors,wait_s,working_s,cost_usd,seed")
+    assert csv_text.splitlines()[0].endswith("model_calls,tokens_in,tokens_out,tokens_cached,calls_without_usage,upstream_errors,wait_s,working_s,cost_usd,seed,node")
     for out in (r.stdout, csv_text):
         no_secret(out)
 

@@ -14,7 +14,10 @@ compared with, both measured here and now, interleaved so drift hits both equall
      query of the same rows;
   6. model gateway: one call through the gateway vs the same call made directly to the same
      bench upstream (a local HTTP server answering like a provider, not a model), interleaved
-     from one container; and what the gateway adds to an attempt (attach, token, records, detach).
+     from one container; and what the gateway adds to an attempt (attach, token, records, detach);
+  7. Ray executor: what one attempt costs through a one-node Ray cluster on this machine vs the
+     local executor (the slope of wall time over two run sizes, so joining the cluster and
+     planning cancel out), interleaved; and Ray's own memory at idle.
 
 Usage: python -m harness.cli.bench [--rounds N] [--json]   (``make bench``)
 """
@@ -515,6 +518,77 @@ def bench_gateway(client, calls: int = 300, rounds: int = 15) -> dict:
     }
 
 
+def _ray_memory() -> dict:
+    """RSS and USS (MiB) of this machine's Ray processes (raylet, GCS, workers, agents)."""
+    import psutil
+
+    rss = uss = 0
+    n = 0
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if p.pid == os.getpid() or not any(x in cmd for x in ("raylet", "gcs_server", "ray::", "ray/_private", "ray/dashboard")):
+                continue
+            mi = p.memory_full_info()
+            rss, uss, n = rss + mi.rss, uss + mi.uss, n + 1
+        except (psutil.Error, OSError):
+            continue
+    return {"processes": n, "rss_mib": round(rss / 2**20, 1), "uss_mib": round(uss / 2**20, 1)}
+
+
+def bench_ray(rounds: int = 3, small: int = 4, large: int = 16) -> dict:
+    """Per-attempt cost of the Ray executor over the local one: for each executor, wall time
+    of `harness run` with ``small`` and ``large`` no-op trials, one attempt at a time; the
+    slope (large - small) / (large - small trials) is the time per attempt with the fixed
+    costs (start-up, joining the cluster, node checks) cancelled. Rounds interleave the two."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from harness.engine import ray_executor as rx
+    from harness.model.errors import RunError
+
+    try:
+        address = rx.connect(None, cores=1)  # a one-node cluster here, offering one harness core
+    except RunError as e:
+        return {"name": "Ray executor", "baseline": f"{e}; not measured"}
+    try:
+        time.sleep(5)
+        idle = _ray_memory()
+        per: dict[str, list[float]] = {"local": [], "ray": []}
+        with tempfile.TemporaryDirectory(prefix="harness-bench-ray-") as tmp:
+            root = Path(tmp)
+            suite = _noop_suite(root)
+            env = {**os.environ, "HARNESS_HOME": str(root / "home")}
+
+            def wall(executor: str, n: int) -> float:
+                extra = ["--executor", "ray", "--ray-address", address] if executor == "ray" else ["--concurrency", "1"]
+                t0 = time.perf_counter()
+                r = subprocess.run([sys.executable, "-m", "harness", "run", "--suite", str(suite), "--trials", str(n), "--json",
+                                    "--db", f"sqlite:///{root}/b.db", *extra], capture_output=True, text=True, env=env, cwd=root)
+                if r.returncode != 0:
+                    raise RuntimeError(r.stderr[-500:])
+                return time.perf_counter() - t0
+
+            for i in range(rounds):
+                order = ["local", "ray"] if i % 2 == 0 else ["ray", "local"]
+                for ex in order:
+                    per[ex].append((wall(ex, large) - wall(ex, small)) / (large - small))
+        over = [(r - l) * 1000 for r, l in zip(per["ray"], per["local"])]
+        med_l, med_r = statistics.median(per["local"]), statistics.median(per["ray"])
+        return {
+            "name": f"Ray executor, one-node cluster here ({rounds} interleaved rounds, slope of {small} -> {large} no-op trials)",
+            "local_s_per_attempt": f"{med_l:.3f} (spread {min(per['local']):.3f}-{max(per['local']):.3f})",
+            "ray_s_per_attempt": f"{med_r:.3f} (spread {min(per['ray']):.3f}-{max(per['ray']):.3f})",
+            "ray_overhead_ms_per_attempt": f"{statistics.median(over):.0f} (spread {min(over):.0f}-{max(over):.0f}; goal <= 50)",
+            "ratio": round(med_r / med_l, 3),
+            "ray_idle_memory": f"{idle['rss_mib']} MiB RSS, {idle['uss_mib']} MiB USS over {idle['processes']} processes",
+            "baseline": "the local executor (--concurrency 1), same suite, same machine, same run of the bench",
+        }
+    finally:
+        rx.shutdown()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="harness.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "15")))
@@ -531,6 +605,7 @@ def main(argv: list[str] | None = None) -> None:
         bench_estimator(),
         bench_report_query(),
         bench_gateway(client),
+        bench_ray(),
     ]
     if args.json:
         print(json.dumps(results, indent=2))

@@ -1,7 +1,9 @@
 """The progress display of ``harness run`` / ``sweep``: an event sink (``harness.engine.events``).
 
 On a terminal: a rich progress bar. Piped (CI logs): a line per discarded attempt and a
-count line every 10 s. ``HARNESS_PROGRESS=1`` forces the bar.
+count line every 10 s. ``HARNESS_PROGRESS=1`` forces the bar. A distributed run (``--executor
+ray``) also shows one line per node: attempts running there, cores they lease, attempts
+finished and discarded there.
 """
 
 from __future__ import annotations
@@ -13,9 +15,26 @@ import time
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
 
 from harness.cli.app import err
 from harness.engine.events import EventSink
+
+
+class _NodeBar(Progress):
+    """The progress bar, with the per-node table under it (when there are nodes)."""
+
+    nodes_table: Any = None
+
+    def get_renderables(self) -> Any:
+        yield self.make_tasks_table(self.tasks)
+        table = self.nodes_table() if self.nodes_table is not None else None
+        if table is not None:
+            yield table
+
+
+def node_name(hostname: str, node_id: str) -> str:
+    return f"{hostname or '?'}/{node_id[:8]}"
 
 
 class ProgressDisplay(EventSink):
@@ -27,7 +46,8 @@ class ProgressDisplay(EventSink):
         self.t0 = time.monotonic()
         self._last = 0.0
         self._lock = threading.Lock()
-        self.bar = Progress(
+        self.nodes: dict[str, dict[str, Any]] = {}  # node -> running {attempt: cores}, done, discarded
+        self.bar = _NodeBar(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -40,6 +60,25 @@ class ProgressDisplay(EventSink):
             transient=False,
         )
         self.tid = self.bar.add_task("slots", total=total, p=0, f=0, d=0, u=0)
+        self.bar.nodes_table = self._nodes_table
+
+    def _node(self, name: str) -> dict[str, Any]:
+        return self.nodes.setdefault(name, {"running": {}, "done": 0, "discarded": 0})
+
+    def _nodes_table(self) -> Table | None:
+        with self._lock:
+            if not self.nodes:
+                return None
+            t = Table(box=None, show_header=True, header_style="dim", pad_edge=False)
+            for col in ("node", "running", "leased cores", "finished", "discarded"):
+                t.add_column(col, justify="left" if col == "node" else "right")
+            for name, n in sorted(self.nodes.items()):
+                t.add_row(name, str(len(n["running"])), str(sum(n["running"].values())), str(n["done"]), str(n["discarded"]))
+            return t
+
+    def _node_lines(self) -> list[str]:
+        return [f"    node {name}: running {len(n['running'])} (cores {sum(n['running'].values())}), finished {n['done']}, "
+                f"discarded {n['discarded']}" for name, n in sorted(self.nodes.items())]
 
     def __enter__(self) -> "ProgressDisplay":
         self.bar.__enter__()
@@ -61,11 +100,25 @@ class ProgressDisplay(EventSink):
                 self._last = now
                 err.print(f"  {prog.slots_done}/{self.total} slots  ✓{prog.passed} ✗{prog.failed} discarded {prog.discarded} "
                           f"unmeasured {prog.unmeasured}  {now - self.t0:.0f}s", highlight=False)
+                for line in self._node_lines():
+                    err.print(line, highlight=False)
 
     def run_started(self, run: Any, progress: Any) -> None:
         self._show(progress)
 
+    def attempt_started(self, run_id: str, task_id: str, slot: int, attempt_no: int, cpuset: list[int], node: str = "") -> None:
+        if node:
+            with self._lock:
+                self._node(node)["running"][(task_id, slot, attempt_no)] = len(cpuset)
+
     def attempt_finished(self, record: Any, progress: Any) -> None:
+        info = getattr(record, "node", None) or {}
+        if info.get("node_id"):
+            with self._lock:
+                n = self._node(node_name(info.get("hostname", ""), info["node_id"]))
+                n["running"].pop((record.task_id, record.slot, record.attempt_no), None)
+                n["done"] += 1
+                n["discarded"] += record.verdict != "clean"
         self._show(progress, record)
 
 

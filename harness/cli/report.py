@@ -130,7 +130,7 @@ def report(
         problem = check_k(row, k)
         if problem:
             die(f"--k {k}: {problem}")
-    report_ = build_report(row, attempts, k=k, prices=table)
+    report_ = build_report(row, attempts, k=k, prices=table, late=len(store.late_attempts(row.id)))
     data = report_.data()
     if fmt is ReportFormat.table:
         _print_rich(render_table(data), out)
@@ -283,7 +283,7 @@ def compare(
             "pass^k intervals are not equally tight",
             highlight=False,
         )
-    blocking, _ = identity_differences(a, b)
+    blocking, _ = identity_differences(a, b, att_a, att_b)
     if blocking and not allow_mismatch:
         die(f"runs {a.id} and {b.id} are not comparable: " + "; ".join(blocking) + " -- pass --allow-mismatch to compare anyway")
     try:

@@ -43,6 +43,11 @@ def run(
                                           "gateway), allowlist (the profile's `allow` list), bridge (internet, never the host)."),
     base_map: list[str] = typer.Option([], "--base-map", help="FOREIGN=LOCAL: build per-task images FROM LOCAL where their "
                                        "Dockerfile names FOREIGN (repeatable; globs: 'python:3.*=harness/python:bookworm')."),
+    executor: Optional[str] = typer.Option(None, "--executor", help="Where attempts run: local (this machine's cores, the "
+                                           "default) or ray (the nodes of a Ray cluster; needs `pip install 'harness[ray]'`)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The Ray cluster to join "
+                                              "(HOST:PORT of its head; also $HARNESS_RAY_ADDRESS). Without it, --executor ray "
+                                              "starts a one-node cluster on this machine."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON summary document instead of tables."),
     note: str = typer.Option("", "--note", help="Free text stored with the run."),
@@ -68,6 +73,8 @@ def run(
       harness run --suite refunds --agent llm --secret OPENAI_API_KEY      (a real provider, through the gateway)
 
       harness run --suite refunds --agent llm --upstream openai=http://host.docker.internal:8089/v1   (a local server)
+
+      harness run --suite refunds --executor ray --ray-address 10.0.0.5:6379   (spread over a cluster's nodes)
 
       harness run --resume last      (after Ctrl-C or a crash: same seeds, same envelope, missing slots only)
     """
@@ -106,9 +113,15 @@ def run(
         base_map=list(base_map) or None,
         secrets=list(secret), upstreams=list(upstream), network=network, agent_env=list(agent_env),
         log=None if json_out else (lambda m: err.print(f"[dim]{m}[/]", highlight=False)),
+        executor=executor or "local", ray_address=ray_address,
     )
+    if executor not in (None, "local", "ray"):
+        die(f"--executor {executor!r}: one of local, ray")
+    if ray_address and (executor or "local") != "ray" and resume is None:
+        die("--ray-address joins a Ray cluster: give --executor ray with it")
     if resume is not None:
-        runner = Runner.resume(resume, db=db, concurrency=concurrency, reserve_cores=reserve_cores)
+        runner = Runner.resume(resume, db=db, concurrency=concurrency, reserve_cores=reserve_cores, executor=executor,
+                               ray_address=ray_address)
     else:
         runner = Runner.plan(opts, db=db)
     r = runner.run
@@ -118,6 +131,11 @@ def run(
             f"concurrency {r.concurrency}  max reruns {r.max_reruns}  image {r.image}",
             highlight=False,
         )
+        if r.executor == "ray":
+            names = ", ".join(f"{f.get('hostname', '?')}/{n[:8]} ({f.get('harness_cores', 0)} cores)" for n, f in r.nodes.items())
+            err.print(f"executor ray: {len(r.nodes)} node(s): {names}", highlight=False)
+            for line in (r.host or {}).get("nodes_differ", []):
+                err.print(f"[yellow]nodes differ[/] {line}: the report flags this run and `compare` refuses it", highlight=False)
         net = (r.profile_json or {}).get("network", "none")
         if net != "none" or r.upstreams:
             ups = ", ".join(f"{p} -> {u}" for p, u in r.upstreams.items()) or "no model provider"

@@ -14,30 +14,51 @@ from harness.model.units import format_size
 
 
 # ----------------------------------------------------------------------------- doctor
-def doctor(json_out: bool = typer.Option(False, "--json", help="Machine-readable result.")) -> None:
-    """Check that this machine can run pinned trials; each problem comes with its fix.
+def doctor(
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable result."),
+    executor: str = typer.Option("local", "--executor", help="local: this machine; ray: every node of a Ray cluster."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The cluster to check (HOST:PORT of its head; else "
+                                              "$HARNESS_RAY_ADDRESS; else a one-node cluster started here)."),
+) -> None:
+    """Check that this machine (or every node of a cluster) can run pinned trials; each
+    problem comes with its fix.
 
     Checks: engine answers and its version, cgroup version and driver, the counters of a
     real container are readable, per-cgroup and host PSI, cores available for pinning,
-    images present.
+    images present. With --executor ray: Ray itself, the cluster, then those checks run on
+    each node, the harness cores each node offers against the cores it can lease, and base
+    images whose inputs differ between nodes. Exit 1 when any check fails.
 
-    Example:  harness doctor
+    Examples:
+
+      harness doctor
+
+      harness doctor --executor ray --ray-address 10.0.0.5:6379 --json
     """
-    from harness.engine.doctor import run_checks
+    from harness.engine.doctor import ray_checks, run_checks
 
-    checks = run_checks()
-    if json_out:
-        print(json.dumps([c.__dict__ for c in checks], indent=2))
+    if executor == "local":
+        groups = [("", run_checks())]
+    elif executor == "ray":
+        groups = ray_checks(ray_address)
     else:
-        t = Table(title=f"harness {harness.__version__} doctor", show_lines=False)
-        t.add_column("check")
-        t.add_column("status")
-        t.add_column("detail / fix", overflow="fold")
-        for c in checks:
-            mark = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}[c.status]
-            t.add_row(c.name, mark, c.detail + (f"\n[bold]fix:[/] {c.fix}" if c.fix else ""))
-        console.print(t)
-    if any(c.status == "fail" for c in checks):
+        die(f"--executor {executor!r}: one of local, ray")
+    if json_out:
+        if executor == "local":
+            print(json.dumps([c.__dict__ for c in groups[0][1]], indent=2))
+        else:
+            print(json.dumps({name: [c.__dict__ for c in checks] for name, checks in groups}, indent=2))
+    else:
+        for name, checks in groups:
+            t = Table(title=f"harness {harness.__version__} doctor" + (f" · {name}" if name else ""), show_lines=False)
+            t.add_column("check")
+            t.add_column("status")
+            t.add_column("detail / fix", overflow="fold")
+            for c in checks:
+                mark = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}[c.status]
+                t.add_row(c.name, mark, c.detail + (f"\n[bold]fix:[/] {c.fix}" if c.fix else ""))
+            console.print(t)
+    if any(c.status == "fail" for _, checks in groups for c in checks):
         raise typer.Exit(EXIT_FAIL)
 
 

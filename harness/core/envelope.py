@@ -42,3 +42,29 @@ def check_envelope(profile: Profile, cpuset: list[int], applied: CgroupLimits | 
         if got != want:
             mism.append(f"{key}: profile {want}, kernel {got}")
     return EnvelopeCheck(applied=applied, expected=exp, mismatches=mism)
+
+
+# Facts of the machine that change what a trial measures: attempts of one run on machines
+# that differ in one of these mix two environments (the report flags it, compare refuses it).
+ENVELOPE_FACTS = ("cgroup_version", "kernel", "cpu_model", "engine_version", "cgroup_driver")
+
+
+def envelope_differences(facts: list[dict[str, Any]]) -> list[str]:
+    """Facts that differ between machines (attempts' or nodes' fact sets), one line each:
+    every value with how many of the sets have it (``cgroup_version: 1 (hybrid) (3), 2 (5)``)."""
+    out = []
+    for key in ENVELOPE_FACTS:
+        seen: dict[str, int] = {}
+        for f in facts:
+            if key in f and f[key] not in ("", None):
+                seen[str(f[key])] = seen.get(str(f[key]), 0) + 1
+        if len(seen) > 1:
+            out.append(f"{key}: " + ", ".join(f"{v} ({n})" for v, n in sorted(seen.items())))
+    return out
+
+
+def node_name(node: dict[str, Any]) -> str:
+    """How a machine is named in tables: hostname (local), hostname/node-id prefix (a Ray
+    node); '' for a record older than per-attempt node facts."""
+    host = node.get("hostname") or ""
+    return f"{host or '?'}/{str(node['node_id'])[:8]}" if node.get("node_id") else host

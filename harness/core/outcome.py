@@ -92,6 +92,15 @@ def controller_lost(run_id: str, task_id: str, slot: int, attempt_no: int, seed:
                          reasons=["controller_lost"], rules=[rule], error=detail, started_at=started_at, finished_at=now)
 
 
+def attempt_lost(run_id: str, task_id: str, slot: int, attempt_no: int, seed: int, rule: str, detail: str, started_at, now,
+                 node: dict | None = None) -> AttemptRecord:
+    """The record the driver makes for an attempt whose node or worker was lost (``rule``:
+    node_lost, worker_lost, no_result): an infrastructure error, charged, and the slot rerun."""
+    r = {"rule": rule, "scope": "host", "value": 1, "threshold": 0, "breached": True, "detail": detail}
+    return AttemptRecord(run_id=run_id, task_id=task_id, slot=slot, attempt_no=attempt_no, seed=seed, verdict="discarded",
+                         reasons=["infra_error"], rules=[r], error=detail, started_at=started_at, finished_at=now, node=dict(node or {}))
+
+
 def charged(attempts: Iterable[AttemptRecord]) -> int:
     """Discarded attempts that count against a slot's rerun budget."""
     return sum(1 for a in attempts if a.verdict != "clean" and not any(r in UNCHARGED for r in a.reasons))

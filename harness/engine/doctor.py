@@ -115,3 +115,82 @@ def run_checks() -> list[Check]:
                 )
             )
     return out
+
+
+def node_checks(reserve: int | None = None) -> list[dict]:
+    """This machine's checks as plain data (what a Ray node sends back to the driver)."""
+    from harness.engine.scheduler import CpuPool
+    from harness.sandbox.docker_sandbox import connect
+    from harness.sandbox.images import BASE_IMAGE, SANDBOX_IMAGE, image_labels, INPUTS_LABEL
+
+    checks = [c.__dict__ for c in run_checks()]
+    inputs: dict = {}
+    try:
+        client = connect(timeout=15)
+        for img in (BASE_IMAGE, SANDBOX_IMAGE):
+            labels = image_labels(client, img)
+            inputs[img] = (labels or {}).get(INPUTS_LABEL, "") if labels is not None else None
+    except Exception:
+        pass
+    try:
+        cores = CpuPool.for_host(reserve=reserve).size
+    except Exception:
+        cores = 0
+    import socket
+
+    return [*checks, {"name": "_facts", "status": "ok", "detail": "", "fix": "", "cores": cores, "inputs": inputs,
+                      "hostname": socket.gethostname()}]
+
+
+def ray_checks(address: str | None, reserve: int | None = None) -> list[tuple[str, list[Check]]]:
+    """``harness doctor --executor ray``: the cluster (Ray, its nodes, their harness cores),
+    then every node's own checks, run on that node; images whose inputs differ between nodes."""
+    from harness.engine import ray_executor as rx
+    from harness.model.errors import RunError
+
+    head: list[Check] = []
+    try:
+        rx.ray_module()
+    except RunError as e:
+        return [("cluster", [Check("ray", "fail", str(e), "pip install 'harness[ray]'")])]
+    head.append(Check("ray", "ok", f"Ray {rx.version()}; usage reporting off (RAY_USAGE_STATS_ENABLED=0)"))
+    try:
+        joined = rx.connect(address, cores=1)
+    except RunError as e:
+        return [("cluster", [*head, Check("cluster", "fail", str(e), "start the head with `ray start --head` and pass --ray-address HOST:PORT")])]
+    live = rx.nodes()
+    offering = [n for n in live if n["harness_cores"] > 0]
+    head.append(Check("cluster", "ok" if offering else "fail", f"{joined}: {len(live)} live node(s), {len(offering)} offering "
+                      f"{sum(n['harness_cores'] for n in offering)} {rx.RESOURCE}",
+                      "" if offering else f"start nodes with `ray start --address {joined} --resources '{{\"{rx.RESOURCE}\": N}}'`"))
+    answers = rx.on_every_node(node_checks, reserve)
+    out: list[tuple[str, list[Check]]] = [("cluster", head)]
+    seen_inputs: dict[str, dict[str, str]] = {}
+    for n in live:
+        ans = answers.get(n["node_id"])
+        host = next((c.get("hostname") for c in ans if c.get("name") == "_facts"), None) if isinstance(ans, list) else None
+        name = f"{host or n['address']}/{n['node_id'][:8]}"
+        if isinstance(ans, BaseException) or ans is None:
+            out.append((name, [Check("node", "fail", f"did not answer: {type(ans).__name__ if ans else 'no reply'}: {str(ans)[:200]}",
+                                     "is harness installed in the Python the node's Ray workers use?")]))
+            continue
+        facts = next((c for c in ans if c["name"] == "_facts"), {})
+        checks = [Check(c["name"], c["status"], c["detail"], c["fix"]) for c in ans if c["name"] != "_facts"]
+        offered, cores = n["harness_cores"], facts.get("cores", 0)
+        if offered <= 0:
+            checks.append(Check(rx.RESOURCE, "warn", "offers none: runs no attempt",
+                                f"restart it with `ray start ... --resources '{{\"{rx.RESOURCE}\": {cores}}}'`"))
+        elif offered > cores:
+            checks.append(Check(rx.RESOURCE, "fail", f"offers {offered} but has {cores} cores to lease: attempts would queue there",
+                                f"restart it with --resources '{{\"{rx.RESOURCE}\": {cores}}}'"))
+        else:
+            checks.append(Check(rx.RESOURCE, "ok", f"offers {offered} of its {cores} leasable cores"))
+        for img, inp in (facts.get("inputs") or {}).items():
+            if inp:
+                seen_inputs.setdefault(img, {})[name] = inp
+        out.append((name, checks))
+    for img, by_node in seen_inputs.items():
+        if len(set(by_node.values())) > 1:
+            head.append(Check("images", "fail", f"{img} differs between nodes: " + ", ".join(f"{k} {v[:12]}" for k, v in by_node.items()),
+                              "rebuild it on every node from the same checkout (`make images`)"))
+    return out

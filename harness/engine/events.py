@@ -23,8 +23,9 @@ class EventSink:
     def run_started(self, run: RunRecord, progress: Progress) -> None:
         """The run is stored and about to schedule its pending slots."""
 
-    def attempt_started(self, run_id: str, task_id: str, slot: int, attempt_no: int, cpuset: list[int]) -> None:
-        """An attempt leased its cores and is about to start its sandbox."""
+    def attempt_started(self, run_id: str, task_id: str, slot: int, attempt_no: int, cpuset: list[int], node: str = "") -> None:
+        """An attempt leased its cores and is about to start its sandbox (``node``: where, for
+        a distributed run: hostname/node-id prefix; empty on the local executor)."""
 
     def phase(self, run_id: str, task_id: str, slot: int, attempt_no: int, name: str, t0: float, t1: float) -> None:
         """One phase of an attempt ended (sandbox, setup, agent, stop, grade, export, remove);

@@ -29,6 +29,7 @@ class Work:
     cores: int
     run: Callable[[list[int]], tuple[Any, bool, Callable[[], bool] | None]]
     not_before: float = 0.0  # time.monotonic() before which it must not start (a rerun's backoff)
+    spec: Any = None  # what a remote executor ships instead of ``run`` (picklable; see harness.engine.node)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Done:
     result: Any = None
     not_started: bool = False
     error: BaseException | None = None
+    late: bool = False  # the record of an attempt the executor already reported lost: evidence, never counted
 
 
 class Executor(ABC):
@@ -60,16 +62,70 @@ class Executor(ABC):
     def close(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the workers to end."""
 
+    def late(self, timeout: float) -> list[Done]:
+        """Once the driver has every result it waits for: records of attempts already
+        reported lost that arrive within ``timeout`` s (each ``late``); none for a local pool."""
+        return []
+
+
+Clear = Callable[[dict[int, str]], bool]  # holders that died on these cores -> is nothing of theirs left?
+
+
+def lease_clean(pool: CpuPool, cores: int, timeout: float | None, stop: threading.Event, clear: Clear | None,
+                quarantine: Callable[[list[int], Callable[[], bool]], None]) -> list[int]:
+    """Lease ``cores`` cores, and before handing them out remove what a holder that died on
+    them left running (its containers keep running after the kernel drops its lock). Cores
+    whose leftovers cannot be removed yet are quarantined and others are leased instead."""
+    while True:
+        cpuset = pool.lease(cores, timeout=timeout, stop=stop)
+        stale = pool.take_stale(cpuset)
+        if not stale or clear is None:
+            return cpuset
+        try:
+            if clear(stale):
+                return cpuset
+        except Exception:
+            pass
+        quarantine(cpuset, lambda s=stale: clear(s))
+
+
+class OrphanClearer:
+    """The ``clear`` of an executor over a sandbox backend: removes the sandboxes of holders
+    that died on a core, and keeps a note per core for the record of the attempt that gets it."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self._notes: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, held: dict[int, str]) -> bool:
+        removed = self.backend.remove_orphans_of(sorted(set(held.values())))
+        if removed is None:
+            return False
+        with self._lock:
+            for core, holder in held.items():
+                self._notes[core] = (f"core {core} was last held by {holder}, which died holding it; before this attempt "
+                                     f"its containers were removed ({', '.join(removed) if removed else 'none was left'})")
+        return True
+
+    def notes(self, cpuset: list[int]) -> list[str]:
+        """The notes for the cores just leased (each given once)."""
+        with self._lock:
+            return [self._notes.pop(c) for c in cpuset if c in self._notes]
+
 
 class LocalExecutor(Executor):
     """``concurrency`` worker threads on this machine, each leasing exclusive cores from
     ``pool`` per attempt. A sandbox whose removal failed keeps its cores leased (they are
     quarantined) until a retry removes it; ``before_attempt`` runs in the worker before each
-    attempt (the driver waits there for an engine that went away)."""
+    attempt (the driver waits there for an engine that went away); ``clear`` removes what a
+    holder that died on a core left there (see :func:`lease_clean`)."""
 
     def __init__(self, pool: CpuPool, concurrency: int, stop: threading.Event,
-                 before_attempt: Callable[[], None] | None = None, lease_timeout: float | None = None):
+                 before_attempt: Callable[[], None] | None = None, lease_timeout: float | None = None,
+                 clear: Clear | None = None):
         self.pool = pool
+        self._clear = clear
         self.concurrency = concurrency
         self._stop = stop
         self._before = before_attempt
@@ -110,6 +166,10 @@ class LocalExecutor(Executor):
     def quarantined(self) -> list[list[int]]:
         with self._qlock:
             return [c for c, _ in self._quarantine]
+
+    def _quarantined(self, cpuset: list[int], retry: Callable[[], bool]) -> None:
+        with self._qlock:
+            self._quarantine.append((cpuset, retry))
 
     def retry_quarantined(self) -> None:
         """Retry the removals that failed; give back the cores of every sandbox now gone."""
@@ -155,7 +215,7 @@ class LocalExecutor(Executor):
                 return Done(work.key, not_started=True)
             if self._before is not None:
                 self._before()
-            cpuset = self.pool.lease(work.cores, timeout=self._lease_timeout, stop=self._stop)
+            cpuset = lease_clean(self.pool, work.cores, self._lease_timeout, self._stop, self._clear, self._quarantined)
         except LeaseCancelled:
             return Done(work.key, not_started=True)
         except BaseException as e:

@@ -67,6 +67,8 @@ class AttemptJob:
     trees: dict[str, Tree] = field(default_factory=dict)  # read-only trees for the agent (/solution, an agent directory)
     requested: dict[str, Any] = field(default_factory=dict)  # the task's own envelope when --profile replaced it
     redact: dict[str, str] = field(default_factory=dict, repr=False)  # secret value -> its name (never written)
+    node: dict[str, Any] = field(default_factory=dict)  # the machine it runs on (stamped on the record)
+    notes: tuple[str, ...] = ()  # what the executor did before it started (leftovers removed from its cores)
 
 
 @dataclass(frozen=True)
@@ -140,8 +142,10 @@ class _Attempt:
             run_id=run.id, task_id=task.id, slot=job.slot, attempt_no=job.attempt_no, seed=job.seed,
             verdict="discarded", cpuset=",".join(map(str, job.cpuset)), concurrent=job.concurrent,
             image=job.image or run.image, envelope=profile.model_dump(mode="json"), started_at=utcnow(), artifacts=str(job.artifacts),
-            requested_envelope=dict(job.requested),
+            requested_envelope=dict(job.requested), node=dict(job.node),
         )
+        for n in job.notes:
+            self.d.note(n)
         self.ctx = _Ctx()
         self.sb: Sandbox | None = None
         self.services: dict[str, Sandbox] = {}
@@ -702,7 +706,7 @@ class _Attempt:
             return AttemptRecord(**f)
         except Exception as e:  # never lose the attempt because the record could not be made
             keep = {k: f[k] for k in ("run_id", "task_id", "slot", "attempt_no", "seed", "cpuset", "container", "image",
-                                      "started_at", "finished_at", "artifacts", "wall_s") if k in f}
+                                      "started_at", "finished_at", "artifacts", "wall_s", "node") if k in f}
             return AttemptRecord(**keep, verdict="discarded", reasons=["infra_error"],
                                  error=f"{f.get('error') or ''}; the record could not be made: {type(e).__name__}: {str(e)[:300]}")
 

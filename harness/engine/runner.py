@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import threading
 import time
@@ -27,7 +28,9 @@ import harness
 from harness.core import outcome
 from harness.core.plan import Progress, SlotState, new_run_id, pending_slots, resolve_ks
 from harness.engine.events import EventSink, Fanout
-from harness.engine.executor import Done, LocalExecutor, Work
+from harness.engine.executor import Done, Executor, LocalExecutor, OrphanClearer, Work
+from harness.engine.node import RemoteAttempt, image_facts, node_facts
+from harness.core.envelope import envelope_differences
 from harness.engine import agents
 from harness.engine.pipeline import AttemptJob, AttemptPipeline
 from harness.engine.prepare import Prepared, prepare_tasks
@@ -81,6 +84,8 @@ class RunOptions:
     upstreams: list[str] | None = None  # --upstream PROVIDER=URL: where the gateway forwards model calls
     network: str | None = None  # --network POLICY: over the profile's
     agent_env: list[str] | None = None  # --agent-env KEY=VALUE: over the suite's (and a named agent's)
+    executor: str = "local"  # --executor: local (this machine) or ray (a cluster's nodes)
+    ray_address: str | None = None  # --ray-address (else $HARNESS_RAY_ADDRESS; else a one-node cluster here)
 
 
 def _max_cores(profiles: dict[str, Profile]) -> int:
@@ -125,7 +130,7 @@ class Runner:
     """Executes one run. Build with :meth:`plan` or :meth:`resume`; call :meth:`execute`."""
 
     def __init__(self, store: Store, run: RunRecord, suite: Suite, profile: Profile, prepared: Prepared, client: Any, pool: CpuPool,
-                 resuming: bool = False, claimed_from: str = "", gateway: GatewayPlan | None = None):
+                 resuming: bool = False, claimed_from: str = "", gateway: GatewayPlan | None = None, reserve: int | None = None):
         self.store = store
         self.run = run
         self.suite = suite
@@ -150,6 +155,9 @@ class Runner:
         self.gateway_plan = gateway or GatewayPlan()
         self.gateway: Gateway | None = None
         self.egress: EgressNetwork | None = None
+        self.reserve = reserve  # --reserve-cores, passed on to Ray nodes
+        self._clearer = OrphanClearer(self.backend)
+        self._local_node: dict[str, Any] | None = None
 
     # -- planning --------------------------------------------------------------
     @classmethod
@@ -216,6 +224,12 @@ class Runner:
                 user = next((t.sandbox.user for t in prep.tasks if prep.images[t.id] == img and t.sandbox.user), None)
                 _check_agent_command(DockerBackend(client), img, image_identity(client, img)[0], agent_cmd[0], profile, user)
         facts = hoststats.host_facts()
+        nodes: dict[str, dict[str, Any]] = {}
+        ray_address = ""
+        if opts.executor == "ray":
+            concurrency, facts, nodes, ray_address = plan_ray(client, suite, prep, profile, opts)
+        elif opts.executor != "local":
+            raise RunError(f"--executor {opts.executor!r}: one of local, ray")
         store = store or Store.open(db)
         run_id = new_run_id()
         fields = dict(
@@ -228,15 +242,15 @@ class Runner:
             images=dict(prep.digests), substitutions=dict(prep.substitutions), task_overrides=task_overrides,
             excluded={**refused, **prep.excluded}, adjustments=dict(prep.adjustments),
             agent_name=opts.agent if named else "", agent_env=agent_env, secrets=list(gw.names),
-            upstreams=dict(gw.upstreams),
+            upstreams=dict(gw.upstreams), executor=opts.executor, nodes=nodes, ray_address=ray_address,
         )
         run = RunRecord(**fields)
         run = run.model_copy(update={"identity_hash": run.identity.hash()})
-        return cls(store, run, suite, profile, prep, client, pool, gateway=gw)
+        return cls(store, run, suite, profile, prep, client, pool, gateway=gw, reserve=opts.reserve_cores)
 
     @classmethod
     def resume(cls, run_id: str, db: str | None = None, client: Any = None, concurrency: int | None = None,
-               reserve_cores: int | None = None) -> "Runner":
+               reserve_cores: int | None = None, executor: str | None = None, ray_address: str | None = None) -> "Runner":
         """Pick up a run whose controller died or was interrupted: the same suite (by content
         hash), the same envelope (the stored profile), the same seeds. Slots with a clean
         attempt, or whose rerun budget is spent, are left alone; the others continue with
@@ -272,6 +286,16 @@ class Runner:
             raise RunError(f"run {run.id}: {what} since the run started; start a new run")
         run_conc = pool.concurrency(_max_cores(prep.profiles), concurrency if concurrency is not None else run.concurrency)
         facts = hoststats.host_facts()
+        kind = executor or run.executor or "local"
+        nodes = dict(run.nodes)
+        if kind == "ray":
+            opts = RunOptions(suite=run.suite, concurrency=concurrency, reserve_cores=reserve_cores, executor="ray",
+                              ray_address=ray_address or (run.ray_address if run.executor == "ray" else "") or None)
+            run_conc, facts, nodes, joined = plan_ray(client, suite, prep, profile, opts)
+            nodes = {**run.nodes, **nodes}
+            ray_address = joined
+        elif kind != "local":
+            raise RunError(f"--executor {kind!r}: one of local, ray")
         now = {"harness_version": harness.__version__, "cgroup_version": str(facts.get("cgroup_version", ""))}
         differs = [f"{k} {getattr(run, k)} -> {v}" for k, v in now.items() if str(getattr(run, k)) != v]
         if differs:
@@ -279,9 +303,11 @@ class Runner:
                 f"run {run.id} was started under another identity ({'; '.join(differs)}); resuming would "
                 "mix two environments in one run — start a new run"
             )
-        run = run.model_copy(update={"concurrency": run_conc})
+        run = run.model_copy(update={"concurrency": run_conc, "executor": kind, "nodes": nodes,
+                                     "ray_address": (ray_address or "") if kind == "ray" else run.ray_address})
         gw = plan_gateway(run.secrets, [f"{p}={u}" for p, u in run.upstreams.items()])
-        return cls(Store.open(db), run, suite, profile, prep, client, pool, resuming=True, claimed_from=run.controller or "", gateway=gw)
+        return cls(Store.open(db), run, suite, profile, prep, client, pool, resuming=True, claimed_from=run.controller or "", gateway=gw,
+                   reserve=reserve_cores)
 
     # -- execution -------------------------------------------------------------
     def execute(self, events: EventSink | None = None) -> Progress:
@@ -299,7 +325,8 @@ class Runner:
         if self._resuming:
             if not self.store.claim_run(self.run.id, self._claimed_from, me):
                 raise RunError(f"run {self.run.id} was just claimed by another controller; not resuming it twice")
-            self.store.update_run(self.run.id, concurrency=self.run.concurrency)
+            self.store.update_run(self.run.id, concurrency=self.run.concurrency, executor=self.run.executor, nodes=self.run.nodes,
+                                  ray_address=self.run.ray_address)
             self._import_unsaved()
             self._record_lost_attempts()
         else:
@@ -308,6 +335,10 @@ class Runner:
         self.artifacts.mkdir(parents=True, exist_ok=True)
         # containers and input folders of a dead controller are leftovers: remove them before leasing cores
         self.backend.sweep_dead_owners()
+        if self.run.executor == "ray":
+            from harness.engine.ray_executor import sweep_nodes
+
+            sweep_nodes(self.run.id)  # and on every node: a resumed run has nothing running yet
         pend = pending_slots(self.store.attempts(self.run.id), list(self.run.task_ids), self.run.trials, self.run.max_reruns, self.run.seed)
         prog = pend.progress
         sink.run_started(self.run, prog)
@@ -341,9 +372,33 @@ class Runner:
             self.backend.sweep_run(self.run.id)  # nothing of the run may still be on the network
             self.egress.remove()
 
+    def _make_executor(self, sink: Fanout) -> Executor:
+        if self.run.executor != "ray":
+            self._local_node = node_facts(self.client, "")
+            return LocalExecutor(self.pool, self.run.concurrency, self._stop, before_attempt=self._engine_gate, clear=self._clearer)
+        from harness.engine.ray_executor import RayExecutor
+
+        def started(work: Work, info: dict[str, Any]) -> None:
+            j = work.spec.job  # the claim names the worker: a resume after the driver died records what it lost
+            self.store.claim_attempt(self.run.id, j.task.id, j.slot, j.attempt_no, j.seed, f"{info.get('hostname', '')}:ray:{info.get('pid', 0)}")
+            sink.attempt_started(self.run.id, j.task.id, j.slot, j.attempt_no, info.get("cpuset", []), node_label(info))
+
+        def lost(work: Work, rule: str, detail: str, info: dict[str, Any]) -> AttemptRecord:
+            job = work.spec.job
+            facts = dict(self.run.nodes.get(info.get("node_id", ""), {}))
+            return outcome.attempt_lost(self.run.id, job.task.id, job.slot, job.attempt_no, job.seed, rule, detail,
+                                        self._submitted.get((job.task.id, job.slot, job.attempt_no), utcnow()), utcnow(), node=facts)
+
+        def phase(work: Work, name: str, t0: float, t1: float) -> None:
+            j = work.spec.job
+            sink.phase(self.run.id, j.task.id, j.slot, j.attempt_no, name, t0, t1)
+
+        return RayExecutor(self._stop, self.artifacts, started, lost, phase, concurrency=self.run.concurrency)
+
     def _slots(self, sink: Fanout, pend: Any) -> Progress:
         prog = pend.progress
-        executor = LocalExecutor(self.pool, self.run.concurrency, self._stop, before_attempt=self._engine_gate)
+        self._submitted: dict[Any, Any] = {}
+        executor = self._make_executor(sink)
         pipeline = AttemptPipeline(self.backend, sink, self._stop, gateway=self.gateway,
                                    egress=self.egress.name if self.egress is not None else None)
         self._executor = executor
@@ -373,9 +428,12 @@ class Runner:
             self._abort_store_lost(executor)
             kept = f"; {self._n_unsaved} record(s) it could not store are in {self.unsaved_path}" if self._n_unsaved else ""
             raise StoreLost(f"{e}; run {self.run.id} stopped and its containers were removed{kept}") from None
+        for done in executor.late(timeout=LATE_WAIT_S):  # records of attempts presumed lost that still came
+            self.store.add_late(done.result)
         executor.close(timeout=30)
         self.backend.sweep_run(self.run.id)
         self.backend.retry_removals()
+        self._sweep_nodes()
         if self._error is not None:
             self._record_lost_attempts(interrupted=True)  # stopped by the controller's own error
         self.store.set_run_status(self.run.id, "failed" if self._error is not None else "complete")
@@ -384,8 +442,18 @@ class Runner:
             raise self._error
         return prog
 
-    def _take(self, done: Done, executor: LocalExecutor, pipeline: AttemptPipeline, prog: Progress, sink: Fanout) -> int:
-        """Handle one finished piece of work; how many were submitted again (0 or 1)."""
+    def _sweep_nodes(self) -> None:
+        if self.run.executor == "ray":
+            from harness.engine.ray_executor import sweep_nodes
+
+            sweep_nodes(self.run.id)
+
+    def _take(self, done: Done, executor: Executor, pipeline: AttemptPipeline, prog: Progress, sink: Fanout) -> int:
+        """Handle one finished piece of work; how many were submitted again (0 or 1; a late
+        record, which ends no piece of work, counts as one)."""
+        if done.late:  # the attempt was recorded lost and its slot rerun: evidence, never counted
+            self.store.add_late(done.result)
+            return 1
         if done.error is not None:  # a bug in the controller: stop the run, keep the data
             self._error = self._error or done.error
             self._stopping.set()
@@ -441,7 +509,8 @@ class Runner:
                                  seed=st.seed, cpuset=cpuset, concurrent=beside,
                                  artifacts=self.artifacts / st.task_id / f"slot{st.slot}-attempt{attempt_no}",
                                  image=self.prepared.images[task.id], agent_cmd=agent_cmd, trees=trees,
-                                 requested=self.prepared.requested.get(task.id, {}), redact=self.gateway_plan.redact)
+                                 requested=self.prepared.requested.get(task.id, {}), redact=self.gateway_plan.redact,
+                                 node=self._local_node or {}, notes=tuple(self._clearer.notes(cpuset)))
                 pipeline.events.attempt_started(self.run.id, st.task_id, st.slot, attempt_no, cpuset)
                 out = pipeline.run(job)
                 return out.record, out.removed, out.retry_remove
@@ -449,7 +518,15 @@ class Runner:
                 with self._count_lock:
                     self._in_flight -= 1
 
-        return Work(key=st, cores=profile.cores, run=run, not_before=time.monotonic() + delay if delay else 0.0)
+        spec = None
+        if self.run.executor == "ray":
+            job = AttemptJob(run=self.run, suite=self.suite, task=task, profile=profile, slot=st.slot, attempt_no=attempt_no,
+                             seed=st.seed, cpuset=[], concurrent=0, artifacts=Path(), image=self.prepared.images[task.id],
+                             agent_cmd=agent_cmd, trees=trees, requested=self.prepared.requested.get(task.id, {}))
+            spec = RemoteAttempt(job=job, cores=profile.cores, rel=f"{st.task_id}/slot{st.slot}-attempt{attempt_no}",
+                                 reserve=self.reserve, budget_s=attempt_budget(profile))
+            self._submitted[(st.task_id, st.slot, attempt_no)] = utcnow()
+        return Work(key=st, cores=profile.cores, run=run, not_before=time.monotonic() + delay if delay else 0.0, spec=spec)
 
     def _settle(self, st: SlotState, rec: AttemptRecord) -> AttemptRecord:
         """Outcome policy applied by the driver: an attempt the controller cut short by
@@ -511,7 +588,7 @@ class Runner:
                 have.add((rec.task_id, rec.slot, rec.attempt_no))
         path.rename(path.with_name(path.name + ".imported"))
 
-    def _on_interrupt(self, executor: LocalExecutor, sink: Fanout, prog: Progress, outstanding: int) -> None:
+    def _on_interrupt(self, executor: Executor, sink: Fanout, prog: Progress, outstanding: int) -> None:
         # a second Ctrl-C or SIGTERM must not cut the clean-up short
         old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -528,6 +605,12 @@ class Runner:
             while outstanding and time.monotonic() < deadline:
                 done = executor.results(timeout=0.2)
                 if done is None:
+                    continue
+                if done.late:
+                    try:
+                        self.store.add_late(done.result)
+                    except HarnessError:
+                        pass
                     continue
                 outstanding -= 1
                 if done.result is not None:
@@ -558,11 +641,15 @@ class Runner:
         self.backend.remove_held()
         self.backend.sweep_run(self.run.id, held_too=True)
         try:
+            self._sweep_nodes()
+        except Exception:
+            pass  # the cluster went away too: each node's next run sweeps what is left
+        try:
             self.store.set_run_status(self.run.id, "interrupted")
         except StoreLost:
             pass
 
-    def _abort_store_lost(self, executor: LocalExecutor) -> None:
+    def _abort_store_lost(self, executor: Executor) -> None:
         """The store went away under the run: stop, remove the containers, keep the records."""
         self._stop.set()
         executor.stop()
@@ -575,7 +662,7 @@ class Runner:
                 if executor.in_flight() == 0:
                     break
                 continue
-            if done.result is not None:
+            if done.result is not None and not done.late:  # a late record's attempt is on record already
                 self._unsaved.append(done.result)
         executor.close(timeout=5)
         self._write_unsaved()
@@ -591,6 +678,93 @@ class Runner:
         self._n_unsaved += len(self._unsaved)
         self._unsaved.clear()
         self.unsaved_path = path
+
+
+LATE_WAIT_S = 10.0  # at the end of a run, how long to wait for records of attempts presumed lost
+RAY_BUDGET_MARGIN_S = 300.0  # past its timeouts, how long a started attempt may stay silent before it is presumed lost
+
+
+def attempt_budget(profile: Profile) -> float:
+    """How long a distributed attempt may take once it leased its cores before the driver
+    presumes it lost: its timeouts (grade twice: grading and exporting) plus a margin
+    ($HARNESS_RAY_MARGIN_S, default 300 s) for services, the engine and the copy back."""
+    t = profile.timeouts
+    try:
+        margin = float(os.environ.get("HARNESS_RAY_MARGIN_S", RAY_BUDGET_MARGIN_S))
+    except ValueError:
+        raise RunError(f"HARNESS_RAY_MARGIN_S={os.environ['HARNESS_RAY_MARGIN_S']!r}: give seconds") from None
+    return t.setup + t.agent + 2 * t.grade + max(0.0, margin)
+
+
+def node_label(info: dict[str, Any]) -> str:
+    """hostname/node-id-prefix: how a node is named in progress lines."""
+    return f"{info.get('hostname', '') or '?'}/{str(info.get('node_id', ''))[:8]}"
+
+
+def images_needed(suite: Suite, prep: Prepared) -> list[str]:
+    """Every image a run's attempts start: the tasks', their services', the state kinds'
+    services and separate verifiers'."""
+    from harness.state import grader as grader_named
+    from harness.state import state_kind
+
+    out = set()
+    for t in prep.tasks:
+        out.add(prep.images[t.id])
+        out.update(s.image for s in (*suite.services, *t.services))
+        kind = state_kind(t.state_kind)
+        out.update(r.spec.image for r in kind.prepare(suite, t).services)
+        plan = grader_named(t.grader_kind).plan(suite, t, kind)
+        if plan.image:
+            out.add(plan.image)
+    return sorted(i for i in out if i)
+
+
+def plan_ray(client: Any, suite: Suite, prep: Prepared, profile: Profile, opts: RunOptions) -> tuple[int, dict[str, Any], dict[str, dict[str, Any]], str]:
+    """Join the cluster and check every node before anything is stored: (concurrency, the
+    run's host facts, node id -> facts, the address joined). A node offering harness cores that cannot run the
+    attempts (no engine, no cgroups, an image missing or built from other inputs) refuses
+    the run with one line naming it."""
+    from harness.engine import ray_executor as rx
+
+    nets = {p.network for p in prep.profiles.values()} | {profile.network}
+    if nets - {"none"}:
+        raise RunError(f"--executor ray runs attempts under network none only (this run needs {', '.join(sorted(nets - {'none'}))}): "
+                       "the model gateway and the bridge firewall live on one machine; run it with the local executor")
+    address = rx.connect(opts.ray_address, cores=CpuPool.for_host(reserve=opts.reserve_cores).size)
+    images = {}
+    for img in images_needed(suite, prep):
+        f = image_facts(client, img)
+        if f is None:
+            raise RunError(f"image {img} not found on the driver's engine; build it with `harness images build` first")
+        images[img] = f
+    answers = rx.check_nodes(images, opts.reserve_cores, harness.__version__)
+    offering = [a for a in answers if a["harness_cores"] > 0]
+    bad = [a for a in offering if a["problems"]]
+    if bad:
+        raise RunError("\n".join(f"node {a['facts'].get('hostname', a.get('address', ''))} ({a['node_id'][:12]}): {p}"
+                                 for a in bad for p in a["problems"]))
+    need = _max_cores(prep.profiles)
+    fit = sum(min(a["harness_cores"], a.get("cores") or 0) // need for a in offering)
+    if fit < 1:
+        raise RunError(f"no node of the Ray cluster offers {need} {rx.RESOURCE} to lease ({len(answers)} node(s); "
+                       f"start nodes with `ray start ... --resources '{{\"{rx.RESOURCE}\": N}}'`, see docs/scale-out.md)")
+    nodes = {a["node_id"]: dict(a["facts"], harness_cores=a["harness_cores"]) for a in offering}
+    facts = _common_facts(list(nodes.values()))
+    return (min(fit, opts.concurrency) if opts.concurrency else fit), facts, nodes, address if opts.ray_address or os.environ.get(rx.ADDRESS_ENV) else ""
+
+
+def _common_facts(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Ray run's host facts: what its nodes share; where they differ, every value ("a | b")."""
+    keys = ("kernel", "cpu_model", "logical_cpus", "memory_total", "cgroup_version", "hostname", "engine_version", "cgroup_driver")
+    out: dict[str, Any] = {"nodes": len(nodes)}
+    for k in keys:
+        vals = sorted({str(n.get(k)) for n in nodes if n.get(k) not in (None, "")})
+        if vals:
+            out[k] = nodes[0][k] if len(vals) == 1 else " | ".join(vals)
+    diff = envelope_differences(nodes)
+    if diff:
+        out["nodes_differ"] = diff
+    return out
 
 
 PER_TASK = "(per task)"  # a run's image when every task has its own

@@ -5,7 +5,10 @@ reserved ones; each attempt leases ``cores`` of them and gives them back when it
 is gone. Leases are also exclusive *across processes*: each leased core holds an ``flock``
 on ``$HARNESS_LOCK_DIR/cpu<N>.lock`` (default in the temp dir), so two ``harness run`` on
 one machine queue for cores instead of sharing them. The kernel drops the lock when a
-process dies, so a killed controller never leaves a core locked.
+process dies, so a killed controller never leaves a core locked — but its container may
+still run there: a lease writes its holder (host:pid-namespace:pid) into the lock file and
+a clean release empties it, so the next lease of that core finds the name of a holder that
+died holding it (:meth:`CpuPool.take_stale`) and removes what it left before using the core.
 
 The lock folder is shared by every user of the machine, so it is opened with care: never
 through a symlink, lock files never followed, hard-linked or chmod-ed unless this process
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 from harness.model.errors import LeaseTimeout, SchedulerError
+from harness.sandbox.owners import controller_id
 
 POLL_S = 0.05
 
@@ -65,8 +69,9 @@ def _open_lock_dir(d: Path) -> int:
 
 
 def _open_lock_file(dir_fd: int, d: Path, name: str) -> int:
-    """An fd of one core's lock file, never through a symlink or a hard link."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    """An fd of one core's lock file, never through a symlink or a hard link (read-write, so
+    the holder can be written in; read-only where another user's umask left it so)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=dir_fd)
         os.fchmod(fd, 0o666)  # ours, just made: the umask must not lock other users out
@@ -76,7 +81,10 @@ def _open_lock_file(dir_fd: int, d: Path, name: str) -> int:
     except OSError as e:
         raise SchedulerError(f"cannot create the core lock {d / name}: {e.strerror}; set HARNESS_LOCK_DIR to a folder you can write") from None
     try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
+        try:
+            fd = os.open(name, flags, dir_fd=dir_fd)
+        except PermissionError:
+            fd = os.open(name, (flags & ~os.O_RDWR) | os.O_RDONLY, dir_fd=dir_fd)
     except OSError as e:
         what = "is a symlink" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
         raise SchedulerError(f"the core lock {d / name} {what}; remove it or set HARNESS_LOCK_DIR") from None
@@ -128,6 +136,7 @@ class CpuPool:
         self._free = [c for c in self.cpus if c not in self.reserved]
         self._leased: set[int] = set()
         self._fds: dict[int, int] = {}
+        self._stale: dict[int, str] = {}  # core -> the holder that died holding its lock (see take_stale)
         self._cv = threading.Condition()
         self.peak_in_use = 0
 
@@ -216,6 +225,7 @@ class CpuPool:
                     os.close(fd)
                     raise
                 self._fds[c] = fd
+                self._mark(c, fd)
                 taken.append(c)
             if len(taken) < cores:
                 self._unlock(taken)
@@ -236,10 +246,32 @@ class CpuPool:
         finally:
             self.release(got)
 
+    def _mark(self, core: int, fd: int) -> None:
+        """Read who held this core's lock before (a holder that released it cleanly leaves it
+        empty), then write this process in."""
+        try:
+            prev = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
+            if prev:
+                self._stale[core] = prev
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{controller_id()}\n".encode(), 0)
+        except OSError:
+            pass  # a read-only lock file: no holder names, the start-up sweep still runs
+
+    def take_stale(self, cores: list[int]) -> dict[int, str]:
+        """Cores of ``cores`` whose previous holder died while holding them -> that holder
+        (host:pid-namespace:pid); each is reported once."""
+        with self._cv:
+            return {c: self._stale.pop(c) for c in cores if c in self._stale}
+
     def _unlock(self, cores: list[int]) -> None:
         for c in cores:
             fd = self._fds.pop(c, None)
             if fd is not None:
+                try:
+                    os.ftruncate(fd, 0)  # released cleanly: nothing of ours runs there any more
+                except OSError:
+                    pass
                 os.close(fd)  # closing drops the flock
 
     def lock_exact(self, cores: list[int], timeout: float | None = None, stop: threading.Event | None = None) -> None:

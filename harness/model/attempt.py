@@ -103,6 +103,9 @@ class AttemptRecord(BaseModel):
     monitor_errors: int | None = Field(None, description="Saturation samples lost to a read error.")
     error: str | None = Field(None, description="What went wrong (infrastructure), or notes (export refusals, unmeasured slot).")
     artifacts: str = Field("", description="Folder holding stdout, stderr and the exported final state.")
+    node: dict[str, Any] = Field(default_factory=dict, description=(
+        "The machine the attempt ran on (executor, node id, hostname, kernel, cgroup version, CPU model, engine version, "
+        "image id and inputs hash), read there."))
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     samples: list[Sample] = Field(default_factory=list, exclude=True, description="The saturation log (stored in its own table).")

@@ -194,6 +194,26 @@ class Overdispersion(OverdispersionResult):
     summary: str = Field("", description="One line for the report.")
 
 
+class NodeRow(_M):
+    """One machine a run's attempts ran on."""
+
+    node: str = Field(..., description="hostname, or hostname/node-id prefix for a Ray node.")
+    attempts: int
+    clean: int
+    discarded: int
+    facts: dict[str, Any] = Field(default_factory=dict, description="Its facts that change what a trial measures (cgroup version, kernel, ...).")
+
+
+class Nodes(_M):
+    """Where a run's attempts ran (from each attempt's own node facts)."""
+
+    executor: str = Field(..., description="local or ray.")
+    nodes: list[NodeRow]
+    differ: list[str] = Field(default_factory=list, description=(
+        "Facts that differ between the machines of the run's scored attempts: such a run mixes environments "
+        "(flagged here; `compare` refuses it without --allow-mismatch)."))
+
+
 class Report(_M):
     """Everything a report shows (see the module docstring)."""
 
@@ -217,6 +237,8 @@ class Report(_M):
     overdispersion: Overdispersion
     usage: RunUsage | None = Field(None, description="Model calls, tokens, upstream errors, waiting time and cost of the run "
                                    "(null: no attempt went through a model gateway).")
+    nodes: Nodes | None = Field(None, description="The machines the attempts ran on (null: records older than per-attempt node facts).")
+    late_attempts: int = Field(0, description="Records of attempts that arrived after their attempt was recorded lost (evidence, never scored).")
     warnings: list[str] = Field(default_factory=list, description="Most important first.")
 
     def data(self) -> dict[str, Any]:

@@ -170,6 +170,10 @@ class RunRecord(_M):
     agent_env: dict[str, str] = Field(default_factory=dict, description="Its environment (names and values; never a secret's value).")
     secrets: list[str] = Field(default_factory=list, description="Names of the secrets the gateway held (never their values).")
     upstreams: dict[str, str] = Field(default_factory=dict, description="Model provider -> the base URL the gateway forwarded to.")
+    executor: str = Field("local", description="Where its attempts ran: local (this machine) or ray (a cluster's nodes).")
+    ray_address: str = Field("", description="Ray runs: the cluster joined (HOST:PORT; --resume joins it again unless told otherwise).")
+    nodes: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "Ray runs: node id -> the facts read on that node when the run was planned (see AttemptRecord.node)."))
     controller: str = Field("", description="host:pid-namespace:pid of the process running it.")
     heartbeat_at: dt.datetime | None = Field(None, description="Last sign of life of that controller (UTC).")
 

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from harness.core.aggregate import SlotView, outcomes_of, slot_views
+from harness.core.envelope import ENVELOPE_FACTS, envelope_differences, node_name
 from harness.core.estimator import (
     TaskOutcomes,
     buckets,
@@ -179,6 +180,7 @@ def build_report(
     seed: int = 0,
     n_boot: int = N_BOOT,
     prices: Mapping[str, Mapping[str, float]] | None = None,
+    late: int = 0,
 ) -> Report:
     """Everything a report shows, recomputed from ``attempts``.
 
@@ -187,6 +189,7 @@ def build_report(
     cluster bootstrap and the drift permutations, so the same attempts give the same report.
     ``prices`` (model -> USD per million input/output/cached tokens, see
     ``harness.report.prices``) prices the model calls; without it every cost is null.
+    ``late`` counts the records of attempts presumed lost that arrived afterwards (the store's).
     """
     attempts = list(attempts)
     ks = run_ks(run)
@@ -368,6 +371,12 @@ def build_report(
             warnings.append(f"k={kk}: no task has {kk} clean trials; pass@{kk} / pass^{kk} cannot be computed")
     if drift.get("p_value") is not None and drift["p_value"] < 0.05:
         warnings.append(drift["verdict"])
+    nodes = node_summary(attempts, getattr(run, "executor", "local") or "local")
+    if nodes is not None and nodes["differ"]:
+        warnings.insert(0, "scored attempts ran on machines that differ in what a trial measures ("
+                        + "; ".join(nodes["differ"]) + "): the figures mix environments")
+    if late:
+        warnings.append(f"{late} record(s) of attempts presumed lost arrived late; kept as evidence, never scored")
 
     return Report.model_validate({
         "schema": REPORT_SCHEMA,
@@ -405,8 +414,26 @@ def build_report(
         "drift": drift,
         "overdispersion": over,
         "usage": usage,
+        "nodes": nodes,
+        "late_attempts": late,
         "warnings": warnings,
     })
+
+
+def node_summary(attempts: Sequence[AttemptRecord], executor: str) -> dict[str, Any] | None:
+    """Where the attempts ran, per machine, and what differs between the machines of the
+    scored ones (None when no record carries node facts)."""
+    with_node = [a for a in attempts if a.node]
+    if not with_node:
+        return None
+    rows: dict[str, dict[str, Any]] = {}
+    for a in with_node:
+        r = rows.setdefault(node_name(a.node), {"node": node_name(a.node), "attempts": 0, "clean": 0, "discarded": 0,
+                                                "facts": {k: a.node.get(k) for k in ENVELOPE_FACTS if a.node.get(k) not in (None, "")}})
+        r["attempts"] += 1
+        r["clean" if a.verdict == "clean" else "discarded"] += 1
+    differ = envelope_differences([a.node for a in with_node if a.verdict == "clean"])
+    return {"executor": executor, "nodes": sorted(rows.values(), key=lambda r: r["node"]), "differ": differ}
 
 
 def _run_usage(attempts: list[AttemptRecord], scored: list[AttemptRecord], rows: list[dict[str, Any]],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from harness.core.aggregate import task_outcomes
+from harness.core.envelope import envelope_differences
 from harness.core.estimator import compare_runs
 from harness.model.attempt import AttemptRecord
 from harness.model.run import RunRecord
@@ -13,9 +14,17 @@ from harness.report.build import identity_data, run_ks
 COMPARISON_SCHEMA = "harness.comparison/1"
 
 
-def identity_differences(a: RunRecord, b: RunRecord) -> tuple[list[str], list[str]]:
-    """(blocking, warnings) of run B against run A (see RunIdentity.differences)."""
-    return a.identity.differences(b.identity)
+def identity_differences(a: RunRecord, b: RunRecord, attempts_a: Iterable[AttemptRecord] = (),
+                         attempts_b: Iterable[AttemptRecord] = ()) -> tuple[list[str], list[str]]:
+    """(blocking, warnings) of run B against run A (see RunIdentity.differences); with the
+    attempts, a run whose scored attempts ran on machines that differ in what a trial
+    measures blocks too (it mixes environments inside itself)."""
+    blocking, warns = a.identity.differences(b.identity)
+    for name, run, atts in (("A", a, attempts_a), ("B", b, attempts_b)):
+        differ = envelope_differences([x.node for x in atts if x.verdict == "clean" and x.node])
+        if differ:
+            blocking.append(f"run {name} ({run.id}) ran on machines that differ: {'; '.join(differ)}")
+    return blocking, warns
 
 
 def build_comparison(run_a: RunRecord, attempts_a: Iterable[AttemptRecord], run_b: RunRecord, attempts_b: Iterable[AttemptRecord], *,
@@ -24,12 +33,13 @@ def build_comparison(run_a: RunRecord, attempts_a: Iterable[AttemptRecord], run_
 
     Raises ValueError when the runs share no task measured in both.
     """
+    attempts_a, attempts_b = list(attempts_a), list(attempts_b)
     oa, ob = task_outcomes(run_a, attempts_a), task_outcomes(run_b, attempts_b)
     ks = sorted(set(run_ks(run_a)) & set(run_ks(run_b))) or [1]
     cmp = compare_runs(oa, ob, ks, seed=seed)
     marks_a = {t.task_id: t.marks() for t in oa}
     marks_b = {t.task_id: t.marks() for t in ob}
-    blocking, warns = identity_differences(run_a, run_b)
+    blocking, warns = identity_differences(run_a, run_b, attempts_a, attempts_b)
     per_task = []
     for d in cmp.per_task:
         per_task.append(

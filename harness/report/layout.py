@@ -141,6 +141,13 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
     if idn.get("upstreams") or idn.get("secrets"):
         ups = ", ".join(f"{p} -> {u}" for p, u in sorted((idn.get("upstreams") or {}).items())) or "–"
         ident.rows.append(["model gateway", f"{ups} · secrets held: {', '.join(idn.get('secrets') or []) or 'none'} (names only)"])
+    nodes = r.get("nodes") or {}
+    if nodes.get("executor") == "ray" or len(nodes.get("nodes") or []) > 1:
+        per = ", ".join(f"{n['node']} ({n['attempts']} attempts, {n['discarded']} discarded)" for n in nodes["nodes"])
+        ident.rows.append(["nodes", f"executor {nodes.get('executor', 'local')}: {per}"
+                           + (f" · differ: {'; '.join(nodes['differ'])}" if nodes.get("differ") else " · same kernel, cgroups, CPU and engine")])
+    if r.get("late_attempts"):
+        ident.rows.append(["late records", f"{r['late_attempts']} (attempts presumed lost whose record came afterwards; evidence only)"])
     if r["run"].get("note"):
         ident.rows.append(["note", r["run"]["note"]])
     sections.append(Section("identity", "Run identity", [ident]))

@@ -18,6 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from harness.core.envelope import node_name
 from harness.model.units import format_size
 from harness.report.usage import CALL_ERROR_KIND, attempt_usage, call_cost_of, cost_text, errors_text, tokens_text
 
@@ -83,6 +84,7 @@ TRIAL_FIELDS: dict[str, tuple[str, str]] = {
     "working_s": ("s", "agent_wall_s - wait_s: the agent's time not spent waiting on the model."),
     "cost_usd": ("USD", "Cost of the calls under --prices / $HARNESS_PRICES (empty: no table, an unpriced model, or no usage reported)."),
     "seed": ("-", "The slot's seed: the same for every attempt of the slot (a rerun repeats it)."),
+    "node": ("-", "The machine the attempt ran on: hostname, and /node-id prefix on a Ray node (--executor ray)."),
 }
 
 #: trial fields that are an AttemptRow column unchanged (field -> column).
@@ -236,7 +238,9 @@ def trial_row(a: Any, th: Thresholds, prices: dict | None = None) -> dict[str, A
     for k in ("tokens_in", "tokens_out", "tokens_cached", "calls_without_usage", "upstream_errors", "wait_s", "working_s"):
         row[k] = None if u is None else u.get(k)
     row["cost_usd"] = None if u is None or u["cost"] is None else round(u["cost"], 9)
+    row["node"] = node_name(getattr(a, "node", None) or {})
     return {f: row[f] for f in TRIAL_FIELDS}
+
 
 
 def csv_value(v: Any) -> Any:
@@ -308,7 +312,10 @@ def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str, width: 
     Model-usage columns appear when some attempt had a gateway (cost only when ``priced``)."""
     cols: dict[str, tuple[str, list[Text]]] = {}
     gateway = any(r.get("model_calls") is not None for r in rows)
+    nodes = any("/" in (r.get("node") or "") for r in rows)  # a distributed run: which node ran what
     priority = list(_TABLE_PRIORITY)
+    if nodes:
+        priority.insert(priority.index("result") + 1, "node")
     if gateway:
         at = priority.index("wall s") + 1
         priority[at:at] = [c for c in _USAGE_COLUMNS if priced or c != "cost $"]
@@ -339,6 +346,8 @@ def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str, width: 
         col("task", "left", r["task"])
         col("slot/att", "right", f"{r['slot']}/{r['attempt']}")
         col("result", "left", result)
+        if nodes:
+            col("node", "left", r.get("node") or "-")
         col("exit", "right", _num(r["exit_code"]))
         col("wall s", "right", "-" if r["wall_s"] is None else f"{r['wall_s']:.2f}")
         col("cpuset", "left", r["cpuset"] or "-")

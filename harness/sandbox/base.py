@@ -192,6 +192,11 @@ class SandboxBackend(ABC):
         """Remove sandboxes (and input folders) whose controller process is dead."""
 
     @abstractmethod
+    def remove_orphans_of(self, holders: list[str]) -> list[str] | None:
+        """Remove the sandboxes of controllers (host:pid-namespace:pid) that died while holding
+        a core; the names removed, or None when some of theirs are still there."""
+
+    @abstractmethod
     def sweep_run(self, run_id: str, held_too: bool = False) -> list[str]:
         """Remove the sandboxes of ``run_id`` this process does not hold (failed removals);
         with ``held_too``, every sandbox of the run (the interrupt path)."""

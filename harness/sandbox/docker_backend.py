@@ -16,7 +16,7 @@ from harness.model.errors import EngineError, SandboxError
 from harness.sandbox import seccomp
 from harness.sandbox.base import Network, SandboxBackend, SandboxSpec
 from harness.sandbox.docker_sandbox import LIVE, PENDING, DockerSandbox, remove_all_live, retry_removals
-from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LABEL_RUN, controller_host, pid_alive, sweep_input_folders
+from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LABEL_RUN, controller_host, owner_dead, pid_alive, sweep_input_folders
 
 
 def _labels(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -70,6 +70,31 @@ class DockerBackend(SandboxBackend):
         if self.inputs_root is not None:
             removed += sweep_input_folders(self.inputs_root.resolve())
         return removed
+
+    def remove_orphans_of(self, holders: list[str]) -> list[str] | None:
+        """Remove the containers of controllers (host:pid-namespace:pid) that died holding a
+        core; the names removed, or None when some of theirs could not be (one still alive
+        is not an orphan)."""
+        dead = {h for h in holders if owner_dead(h)}
+        removed: list[str] = []
+        if not dead:
+            return removed
+        left = False
+        try:
+            for c in self.client.containers.list(all=True, filters={"label": [f"{LABEL}=1"]}):
+                if f"{c.labels.get(LABEL_HOST, '')}:{c.labels.get(LABEL_OWNER, '')}" not in dead:
+                    continue
+                try:
+                    force_remove(c)
+                    removed.append(c.name)
+                except docker.errors.NotFound:
+                    pass
+                except (docker.errors.DockerException, requests.RequestException):
+                    left = True
+        except (docker.errors.DockerException, requests.RequestException):
+            return None
+        sweep_networks(self.client, only_dead_owners=True)
+        return None if left else removed
 
     def sweep_run(self, run_id: str, held_too: bool = False) -> list[str]:
         if held_too:
@@ -128,6 +153,20 @@ def _owner_dead(labels: dict[str, str]) -> bool:
     return not (owner.isdigit() and pid_alive(int(owner)))
 
 
+def force_remove(c: Any) -> None:
+    """Remove a container whatever its state. A paused one (frozen by a controller killed
+    between freezing and thawing it) is thawed first: on cgroup v1 the engine waits for a
+    frozen process to die, which it never does, and hangs every later call on it."""
+    if c.status == "paused" or (c.attrs.get("State") or {}).get("Paused"):
+        try:
+            c.unpause()
+        except docker.errors.NotFound:
+            return
+        except (docker.errors.DockerException, requests.RequestException):
+            pass
+    c.remove(force=True)
+
+
 def sweep_containers(client: docker.DockerClient, run_id: str | None = None, only_dead_owners: bool = False) -> list[str]:
     """Remove containers the harness left behind (by label). With ``only_dead_owners``, keep
     those whose owning controller process is still alive (or cannot be judged from here)."""
@@ -137,7 +176,7 @@ def sweep_containers(client: docker.DockerClient, run_id: str | None = None, onl
         if only_dead_owners and not _owner_dead(c.labels):
             continue
         try:
-            c.remove(force=True)
+            force_remove(c)
             removed.append(c.name)
         except docker.errors.NotFound:
             pass

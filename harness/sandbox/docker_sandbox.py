@@ -783,3 +783,12 @@ def _remove_live_at_exit() -> None:
 
 
 atexit.register(_remove_live_at_exit)
+
+
+def engine_facts(client: docker.DockerClient) -> dict[str, str]:
+    """The engine's version and cgroup driver, as the engine reports them ({} when it cannot)."""
+    try:
+        info = client.info()
+        return {"engine_version": str(client.version().get("Version", "")), "cgroup_driver": str(info.get("CgroupDriver", ""))}
+    except Exception:
+        return {}

@@ -52,6 +52,9 @@ class RunRow(Base):
     agent_env: Mapped[dict] = mapped_column(JSON, default=dict)
     secrets: Mapped[list] = mapped_column(JSON, default=list)
     upstreams: Mapped[dict] = mapped_column(JSON, default=dict)
+    executor: Mapped[str] = mapped_column(String(16), default="local")
+    ray_address: Mapped[str] = mapped_column(String(256), default="")
+    nodes: Mapped[dict] = mapped_column(JSON, default=dict)
     controller: Mapped[str] = mapped_column(String(128), default="")  # host:pid-namespace:pid
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
@@ -123,6 +126,7 @@ class AttemptRow(Base):
     monitor_errors: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     artifacts: Mapped[str] = mapped_column(Text, default="")
+    node: Mapped[dict] = mapped_column(JSON, default=dict)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
@@ -146,6 +150,20 @@ class ClaimRow(Base):
     seed: Mapped[int] = mapped_column(BigInteger, default=0)
     controller: Mapped[str] = mapped_column(String(128), default="")
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class LateRow(Base):
+    """The record of an attempt that arrived after the executor had reported it lost (its
+    node was presumed dead and the slot rerun): kept as evidence, never scored or counted."""
+
+    __tablename__ = "late_attempts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    task_id: Mapped[str] = mapped_column(String(128))
+    slot: Mapped[int] = mapped_column(Integer)
+    attempt_no: Mapped[int] = mapped_column(Integer)
+    received_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    record: Mapped[dict] = mapped_column(JSON, default=dict)
 
 
 class SampleRow(Base):

@@ -29,7 +29,7 @@ from harness.model.counters import Sample
 from harness.model.errors import StoreError, StoreLost
 from harness.model.run import RunRecord
 from harness.model.units import utcnow
-from harness.store.orm import AttemptRow, Base, ClaimRow, RunRow, SampleRow
+from harness.store.orm import AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow
 
 DEFAULT_HOME = ".harness"
 SCHEMA_VERSION = 2
@@ -199,6 +199,19 @@ class Store:
                                              ClaimRow.slot == record.slot, ClaimRow.attempt_no == record.attempt_no))
             return row.id
 
+    def add_late(self, record: AttemptRecord) -> None:
+        """Keep the record of an attempt already recorded as lost (see :class:`~harness.store.orm.LateRow`)."""
+        with self._tx() as s:
+            s.add(LateRow(run_id=record.run_id, task_id=record.task_id, slot=record.slot, attempt_no=record.attempt_no,
+                          received_at=utcnow(), record=record.model_dump(mode="json")))
+
+    def late_attempts(self, run_id: str) -> list[AttemptRecord]:
+        """Records that arrived after their attempt was recorded lost (evidence, never scored)."""
+        if "late_attempts" not in inspect(self.engine).get_table_names():
+            return []
+        rows = self._read(select(LateRow.__table__).where(LateRow.run_id == run_id).order_by(LateRow.id))
+        return [AttemptRecord.model_validate(r["record"]) for r in rows]
+
     def claim_attempt(self, run_id: str, task_id: str, slot: int, attempt_no: int, seed: int, controller: str) -> None:
         """Say that an attempt starts now (see :class:`~harness.store.orm.ClaimRow`)."""
         with self._tx() as s:
@@ -249,6 +262,10 @@ class Store:
             att = select(AttemptRow.id).where(AttemptRow.run_id.in_(ids))
             out = {"samples": s.execute(delete(SampleRow).where(SampleRow.attempt_id.in_(att))).rowcount}
             s.execute(delete(ClaimRow).where(ClaimRow.run_id.in_(ids)))
+            if "late_attempts" in inspect(self.engine).get_table_names():
+                late = s.execute(delete(LateRow).where(LateRow.run_id.in_(ids))).rowcount
+                if late:
+                    out["late attempts"] = late
             out["attempts"] = s.execute(delete(AttemptRow).where(AttemptRow.run_id.in_(ids))).rowcount
             out["runs"] = s.execute(delete(RunRow).where(RunRow.id.in_(ids))).rowcount
             return out
