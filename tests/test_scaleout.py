@@ -86,11 +86,15 @@ def test_artifacts_copy_back_regular_files_within_the_cap(tmp_path):
     secret.write_text("host file")
     os.symlink(secret, node / "link")  # a link in an attempt's folder is never followed or sent
     files, left = collect_artifacts(node, cap=1000)
-    assert sorted(f[0] for f in files) == ["grade/state.tar", "stdout.txt"] and not left and not node.exists()
+    assert sorted(f[0] for f in files) == ["grade/state.tar", "stdout.txt"] and not left
+    assert node.is_dir(), "the node keeps its copy until the driver's end-of-run sweep"
     dest = tmp_path / "driver" / "a" / "slot0-attempt1"
     assert receive_artifacts(dest, files) == []
     assert (dest / "grade" / "state.tar").read_bytes() == b"y" * 20
     # over the cap: what fits is sent, the rest stays on the node (and the folder with it)
+    import shutil
+
+    shutil.rmtree(node)
     (node / "grade").mkdir(parents=True)
     (node / "big").write_bytes(b"z" * 50)
     (node / "grade" / "small").write_bytes(b"s" * 5)
@@ -133,3 +137,30 @@ def test_ray_options_without_ray_are_one_line_errors(tmp_path):
     assert r.exit_code != 0 and "--ray-address joins a Ray cluster: give --executor ray with it" in r.output
     r = cli("run", "--suite", "refunds", "--executor", "k8s")
     assert r.exit_code != 0 and "--executor 'k8s': one of local, ray" in r.output
+
+
+def test_a_dead_holder_survives_a_lease_that_does_not_clear_it(tmp_path, monkeypatch):
+    """doctor, sandbox exec or a partial multi-core lease take a core without clearing what a
+    dead holder left: its name must still be there for the next lease that does."""
+    import subprocess
+    import sys
+
+    from harness.engine.scheduler import CpuPool
+    from harness.sandbox.owners import controller_host
+
+    monkeypatch.setenv("HARNESS_LOCK_DIR", str(tmp_path / "locks"))
+    p = subprocess.Popen([sys.executable, "-c", "import time; from harness.engine.scheduler import CpuPool; "
+                          "p = CpuPool(cpus=[0], reserved=[]); p.lease(1, timeout=5); print('held', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True, env={**os.environ})
+    assert p.stdout.readline().strip() == "held"
+    p.kill()
+    p.wait()
+    with CpuPool(cpus=[0], reserved=[]).leased(1):  # a doctor-style lease: takes the core, clears nothing
+        pass
+    pool = CpuPool(cpus=[0], reserved=[])
+    got = pool.lease(1, timeout=5)
+    assert pool.take_stale(got) == {0: f"{controller_host()}:{p.pid}"}
+    pool.release(got)
+    got = pool.lease(1, timeout=5)
+    assert pool.take_stale(got) == {}, "taken and released cleanly: gone"
+    pool.release(got)

@@ -155,10 +155,18 @@ class NodeRuntime:
             return out.record, out.removed, out.retry_remove
 
         self.executor.submit(Work(key=spec.rel, cores=spec.cores, run=run))
-        while True:
-            done = self.executor.results(timeout=1.0)
-            if done is not None:
-                break
+        try:
+            while True:
+                done = self.executor.results(timeout=1.0)
+                if done is not None:
+                    break
+        except BaseException:  # cancelled by the driver (Ray raises KeyboardInterrupt here): end this runtime,
+            self.stop.set()  # so a lease still waiting gives up instead of starting an attempt nobody wants
+            with NodeRuntime._lock:
+                for k, v in list(NodeRuntime._instances.items()):
+                    if v is self:
+                        del NodeRuntime._instances[k]
+            raise
         if done.error is not None:
             raise done.error
         if done.not_started:
@@ -174,7 +182,8 @@ class NodeRuntime:
 
 def collect_artifacts(root: Path, cap: int) -> tuple[list[tuple[str, bytes, int]], bool]:
     """The regular files under ``root`` (links are never followed or sent), up to ``cap``
-    bytes in all; (files, whether some were left). The folder is removed when all were taken."""
+    bytes in all; (files, whether some were left). The folder stays until the driver's
+    end-of-run sweep (:func:`sweep_node`), which keeps what the driver could not write."""
     files: list[tuple[str, bytes, int]] = []
     total, left = 0, False
     if not root.is_dir():
@@ -194,8 +203,6 @@ def collect_artifacts(root: Path, cap: int) -> tuple[list[tuple[str, bytes, int]
                 continue
             files.append((p.relative_to(root).as_posix(), p.read_bytes(), st.st_mode & 0o777))
             total += st.st_size
-    if not left:
-        shutil.rmtree(root, ignore_errors=True)
     return files, left
 
 
@@ -257,8 +264,19 @@ def check_node(node_id: str, images: dict[str, dict[str, str]], reserve: int | N
     return out
 
 
-def sweep_node(run_id: str) -> list[str]:
+def sweep_node(run_id: str, keep: list[str] | None = None) -> list[str]:
     """Remove every container and network of ``run_id`` on this node's engine, and those of
-    controllers that died here (the end of a run, an interrupt, a resume)."""
+    controllers that died here (the end of a run, an interrupt, a resume); and this node's
+    copies of the run's artifacts, except the attempts in ``keep`` and those past the cap."""
     backend = DockerBackend(connect(timeout=30), inputs_root=harness_home() / "inputs")
-    return backend.sweep_dead_owners() + backend.sweep_run(run_id, held_too=True)
+    removed = backend.sweep_dead_owners() + backend.sweep_run(run_id, held_too=True)
+    root = harness_home() / "node-artifacts" / run_id
+    cap = artifacts_cap()
+    if root.is_dir() and not root.is_symlink():
+        for task in root.iterdir():
+            for att in task.iterdir() if task.is_dir() and not task.is_symlink() else []:
+                rel = f"{task.name}/{att.name}"
+                size = sum(f.lstat().st_size for f in att.rglob("*") if f.is_file() and not f.is_symlink())
+                if rel not in (keep or []) and size <= cap:
+                    shutil.rmtree(att, ignore_errors=True)
+    return removed

@@ -144,10 +144,12 @@ def on_every_node(fn: Callable[..., Any], *args: Any, timeout: float = 300) -> d
     return out
 
 
-def sweep_nodes(run_id: str, timeout: float = 60) -> None:
-    """Remove the run's containers on every live node (and those of workers that died there)."""
+def sweep_nodes(run_id: str, timeout: float = 60, keep: list[str] | None = None) -> None:
+    """Remove the run's containers on every live node (and those of workers that died
+    there), and the nodes' copies of its artifacts except those of the attempts in ``keep``
+    (the driver could not write them)."""
     ray = ray_module()
-    refs = [_on_node(sweep_node, n["node_id"]).remote(run_id) for n in nodes()]
+    refs = [_on_node(sweep_node, n["node_id"]).remote(run_id, list(keep or [])) for n in nodes()]
     try:
         ray.wait(refs, num_returns=len(refs), timeout=timeout)
     except Exception:
@@ -212,6 +214,7 @@ class RayExecutor(Executor):
         self._later: list[Work] = []  # waiting for their backoff, or for a free place among `concurrency`
         self._ready: deque[Done] = deque()
         self._concurrency = concurrency  # at most this many attempts handed to Ray at once (None: no cap)
+        self.unwritten: list[str] = []  # attempts whose artifacts the driver could not write: nodes keep them
 
     # -- Executor --------------------------------------------------------------
     def submit(self, work: Work) -> None:
@@ -364,13 +367,25 @@ class RayExecutor(Executor):
         self._ready.append(Done(p.work.key, result=rec, late=late))
 
     def _received(self, p: _Pending, res: RemoteResult) -> Any:
+        """The node's record as the driver stores it: its identity the driver's own (a node
+        cannot file a record under another slot), its artifacts written here; never raises."""
         spec: RemoteAttempt = p.work.spec
+        j = spec.job
         dest = self._artifacts / spec.rel
-        refused = receive_artifacts(dest, res.files)
         rec = res.record
-        upd: dict[str, Any] = {"artifacts": str(dest)}
-        if refused:
-            upd["error"] = (rec.error + "; " if rec.error else "") + f"artifact paths refused: {', '.join(refused[:5])}"
+        notes = []
+        try:
+            refused = receive_artifacts(dest, res.files)
+            if refused:
+                notes.append(f"artifact paths refused: {', '.join(refused[:5])}")
+        except OSError as e:  # the driver's disk: the node keeps its copy (see kept())
+            self.unwritten.append(spec.rel)
+            notes.append(f"its artifacts could not be written on the driver ({e.strerror or e}); they stay on node "
+                         f"{p.host or '?'} ({p.node[:12]}) in $HARNESS_HOME/node-artifacts/{j.run.id}/{spec.rel}")
+        upd: dict[str, Any] = {"artifacts": str(dest), "run_id": j.run.id, "task_id": j.task.id, "slot": j.slot,
+                               "attempt_no": j.attempt_no, "seed": j.seed}
+        if notes:
+            upd["error"] = (rec.error + "; " if rec.error else "") + "; ".join(notes)
         if self._phase is not None:
             for name, t0, t1 in res.phases:
                 self._phase(p.work, name, t0, t1)

@@ -446,7 +446,7 @@ class Runner:
         if self.run.executor == "ray":
             from harness.engine.ray_executor import sweep_nodes
 
-            sweep_nodes(self.run.id)
+            sweep_nodes(self.run.id, keep=list(getattr(getattr(self, "_executor", None), "unwritten", [])))
 
     def _take(self, done: Done, executor: Executor, pipeline: AttemptPipeline, prog: Progress, sink: Fanout) -> int:
         """Handle one finished piece of work; how many were submitted again (0 or 1; a late
@@ -621,6 +621,10 @@ class Runner:
                         break
                     sink.attempt_finished(rec, prog)
             executor.close(timeout=5)
+            try:
+                self._sweep_nodes()  # again: an attempt that started while the first sweep ran
+            except Exception:
+                pass
             try:  # attempts whose record never came back: interrupted, not lost
                 self._record_lost_attempts(interrupted=True)
             except HarnessError:

@@ -270,6 +270,10 @@ class CpuPool:
             if fd is not None:
                 try:
                     os.ftruncate(fd, 0)  # released cleanly: nothing of ours runs there any more
+                    with self._cv:
+                        prev = self._stale.pop(c, None)
+                    if prev:  # a dead holder nobody cleared up after (doctor, sandbox exec, a partial lease): keep its name
+                        os.pwrite(fd, f"{prev}\n".encode(), 0)
                 except OSError:
                     pass
                 os.close(fd)  # closing drops the flock

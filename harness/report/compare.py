@@ -20,10 +20,16 @@ def identity_differences(a: RunRecord, b: RunRecord, attempts_a: Iterable[Attemp
     attempts, a run whose scored attempts ran on machines that differ in what a trial
     measures blocks too (it mixes environments inside itself)."""
     blocking, warns = a.identity.differences(b.identity)
+    facts: dict[str, list[dict]] = {}
     for name, run, atts in (("A", a, attempts_a), ("B", b, attempts_b)):
-        differ = envelope_differences([x.node for x in atts if x.verdict == "clean" and x.node])
+        facts[name] = [x.node for x in atts if x.verdict == "clean" and x.node]
+        differ = envelope_differences(facts[name])
         if differ:
             blocking.append(f"run {name} ({run.id}) ran on machines that differ: {'; '.join(differ)}")
+    if not blocking and facts["A"] and facts["B"]:  # each run on one kind of machine, but not the same kind (read from the attempts)
+        across = envelope_differences(facts["A"][:1] + facts["B"][:1])
+        if across:
+            warns.append(f"the runs ran on different kinds of machine (read from their attempts): {'; '.join(across)}")
     return blocking, warns
 
 

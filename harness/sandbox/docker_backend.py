@@ -76,21 +76,11 @@ class DockerBackend(SandboxBackend):
         core; the names removed, or None when some of theirs could not be (one still alive
         is not an orphan)."""
         dead = {h for h in holders if owner_dead(h)}
-        removed: list[str] = []
         if not dead:
-            return removed
-        left = False
+            return []
         try:
-            for c in self.client.containers.list(all=True, filters={"label": [f"{LABEL}=1"]}):
-                if f"{c.labels.get(LABEL_HOST, '')}:{c.labels.get(LABEL_OWNER, '')}" not in dead:
-                    continue
-                try:
-                    force_remove(c)
-                    removed.append(c.name)
-                except docker.errors.NotFound:
-                    pass
-                except (docker.errors.DockerException, requests.RequestException):
-                    left = True
+            removed, left = _remove_where(self.client, {"label": [f"{LABEL}=1"]},
+                                          lambda labels: f"{labels.get(LABEL_HOST, '')}:{labels.get(LABEL_OWNER, '')}" in dead)
         except (docker.errors.DockerException, requests.RequestException):
             return None
         sweep_networks(self.client, only_dead_owners=True)
@@ -171,16 +161,27 @@ def sweep_containers(client: docker.DockerClient, run_id: str | None = None, onl
     """Remove containers the harness left behind (by label). With ``only_dead_owners``, keep
     those whose owning controller process is still alive (or cannot be judged from here)."""
     filters = {"label": [f"{LABEL}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
-    removed = []
+    removed, _ = _remove_where(client, filters, lambda labels: not only_dead_owners or _owner_dead(labels), keep_going=False)
+    return removed
+
+
+def _remove_where(client: docker.DockerClient, filters: dict, which: Any, keep_going: bool = True) -> tuple[list[str], bool]:
+    """Remove the containers matching ``filters`` whose labels ``which`` accepts: (names
+    removed, whether one could not be). With ``keep_going`` False an engine error is raised."""
+    removed, left = [], False
     for c in client.containers.list(all=True, filters=filters):
-        if only_dead_owners and not _owner_dead(c.labels):
+        if not which(c.labels):
             continue
         try:
             force_remove(c)
             removed.append(c.name)
         except docker.errors.NotFound:
             pass
-    return removed
+        except (docker.errors.DockerException, requests.RequestException):
+            if not keep_going:
+                raise
+            left = True
+    return removed, left
 
 
 def sweep_networks(client: docker.DockerClient, run_id: str | None = None, only_dead_owners: bool = False) -> list[str]:
