@@ -111,7 +111,11 @@ def assert_exactly_once(home: Path, run_id: str, slots: int, client) -> list:
     assert len(by_slot) == slots, f"{len(by_slot)} slots have attempts, expected {slots}"
     for key, xs in by_slot.items():
         clean = [a for a in xs if a.verdict == "clean"]
-        assert len(clean) == 1, f"slot {key}: {len(clean)} clean attempts"
+        assert len(clean) <= 1, f"slot {key}: {len(clean)} clean attempts"
+        if not clean:  # a busy host may still spend a budget: then visibly unmeasured, for the host, never lost
+            last = max(xs, key=lambda a: a.attempt_no)
+            assert "slot unmeasured" in (last.error or "") and all(r.startswith("host_") for r in last.reasons), \
+                f"slot {key}: no clean attempt and not unmeasured for the host: {[(a.attempt_no, a.reasons) for a in xs]}"
         assert sorted(a.attempt_no for a in xs) == list(range(1, len(xs) + 1)), f"slot {key}: attempt numbers {[a.attempt_no for a in xs]}"
     left = client.containers.list(all=True, filters={"label": [f"{LABEL_RUN}={run_id}"]})
     assert left == [], f"containers of the run left: {[c.name for c in left]}"
@@ -146,7 +150,7 @@ def test_refunds_on_two_nodes_equals_a_local_run_slot_for_slot(cluster, tmp_path
 
 
 def test_a_worker_killed_mid_attempt_loses_no_slot_and_leaves_no_container(cluster, tmp_path, docker_client):
-    p = start(tmp_path, "run", "--suite", "refunds", "--tasks", TASKS, "--trials", "1", "--k", "1", "--executor", "ray",
+    p = start(tmp_path, "run", "--suite", "refunds", "--tasks", TASKS, "--trials", "1", "--k", "1", "--max-reruns", "8", "--executor", "ray",
               "--ray-address", cluster.address, "--agent-cmd", SLOW_AGENT, "--json")
     try:
         c = running_container(docker_client, tmp_path)
@@ -184,7 +188,7 @@ def test_a_node_lost_mid_attempt_is_rerun_elsewhere(tmp_path, tmp_path_factory, 
             except (psutil.Error, ValueError):
                 return False
 
-        p = start(tmp_path, "run", "--suite", "refunds", "--tasks", TASKS, "--trials", "1", "--k", "1", "--executor", "ray",
+        p = start(tmp_path, "run", "--suite", "refunds", "--tasks", TASKS, "--trials", "1", "--k", "1", "--max-reruns", "8", "--executor", "ray",
                   "--ray-address", c.address, "--agent-cmd", SLOW_AGENT, "--json")
         try:
             ct = running_container(docker_client, tmp_path, timeout=180, where=on_that_node)
@@ -206,7 +210,7 @@ def test_a_node_lost_mid_attempt_is_rerun_elsewhere(tmp_path, tmp_path_factory, 
 
 
 def test_a_killed_driver_resumed_fills_every_slot_once(cluster, tmp_path, docker_client):
-    p = start(tmp_path, "run", "--suite", "refunds", "--tasks", TASKS, "--trials", "1", "--k", "1", "--executor", "ray",
+    p = start(tmp_path, "run", "--suite", "refunds", "--tasks", TASKS, "--trials", "1", "--k", "1", "--max-reruns", "8", "--executor", "ray",
               "--ray-address", cluster.address, "--agent-cmd", SLOW_AGENT)
     try:
         ct = running_container(docker_client, tmp_path)

@@ -164,3 +164,14 @@ def test_a_dead_holder_survives_a_lease_that_does_not_clear_it(tmp_path, monkeyp
     got = pool.lease(1, timeout=5)
     assert pool.take_stale(got) == {}, "taken and released cleanly: gone"
     pool.release(got)
+
+
+def test_an_address_where_nothing_answers_fails_at_once():
+    import time
+
+    t0 = time.monotonic()
+    r = cli("doctor", "--executor", "ray", "--ray-address", "127.0.0.1:1")
+    assert r.exit_code == 1 and "nothing answers at 127.0.0.1:1" in " ".join(r.output.split()), r.output
+    assert time.monotonic() - t0 < 60, "Ray's own retries (minutes) were not cut short"
+    r = cli("doctor", "--executor", "ray", "--ray-address", "no-port-here")
+    assert r.exit_code == 1 and "give HOST:PORT" in " ".join(r.output.split()), r.output

@@ -303,6 +303,7 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dic
         ("container", a.container or "- (never started)"),
         ("image", f"{a.image or r.image}  {(r.images or {}).get(a.task_id) or r.image_digest}"),
         ("cpuset", a.cpuset or "-"),
+        ("node", _node_text(a.node or {})),
         ("beside it", concurrent),
         ("started / finished", f"{a.started_at:%Y-%m-%d %H:%M:%S} / {a.finished_at:%H:%M:%S} UTC"),
         ("wall / agent / setup / grade", " / ".join("-" if v is None else f"{v:.2f}s" for v in (a.wall_s, a.agent_wall_s, a.setup_wall_s, a.grade_wall_s))),
@@ -653,3 +654,13 @@ def register(app: typer.Typer) -> None:
     app.command()(show)
     app.command(help=SAMPLES_HELP)(samples)
     app.command()(gc)
+
+
+def _node_text(node: dict) -> str:
+    """Where an attempt ran, as `harness show` prints it."""
+    if not node:
+        return "- (not recorded by this harness version)"
+    from harness.core.envelope import node_name
+
+    parts = [f"{k} {node[k]}" for k in ("kernel", "cgroup_version", "cpu_model", "engine_version") if node.get(k)]
+    return f"{node_name(node)} ({node.get('executor', 'local')}): " + ", ".join(parts)

@@ -87,7 +87,10 @@ class ProgressDisplay(EventSink):
     def __exit__(self, *exc: Any) -> None:
         self.bar.__exit__(*exc)
 
+    _prog: Any = None
+
     def _show(self, prog: Any, record: Any = None) -> None:
+        self._prog = prog
         with self._lock:
             self.bar.update(self.tid, completed=prog.slots_done, p=prog.passed, f=prog.failed, d=prog.discarded, u=prog.unmeasured)
             if not self.bar.disable or self.quiet:
@@ -110,6 +113,8 @@ class ProgressDisplay(EventSink):
         if node:
             with self._lock:
                 self._node(node)["running"][(task_id, slot, attempt_no)] = len(cpuset)
+            if self._prog is not None:
+                self._show(self._prog)  # the 10-s lines also while attempts run, not only as one ends
 
     def attempt_finished(self, record: Any, progress: Any) -> None:
         info = getattr(record, "node", None) or {}

@@ -44,7 +44,7 @@ def run(
     base_map: list[str] = typer.Option([], "--base-map", help="FOREIGN=LOCAL: build per-task images FROM LOCAL where their "
                                        "Dockerfile names FOREIGN (repeatable; globs: 'python:3.*=harness/python:bookworm')."),
     executor: Optional[str] = typer.Option(None, "--executor", help="Where attempts run: local (this machine's cores, the "
-                                           "default) or ray (the nodes of a Ray cluster; needs `pip install 'harness[ray]'`)."),
+                                           "default) or ray (the nodes of a Ray cluster; needs `pip install 'harness\\[ray]'`)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The Ray cluster to join "
                                               "(HOST:PORT of its head; also $HARNESS_RAY_ADDRESS). Without it, --executor ray "
                                               "starts a one-node cluster on this machine."),

@@ -146,7 +146,7 @@ def ray_checks(address: str | None, reserve: int | None = None) -> list[tuple[st
     """``harness doctor --executor ray``: the cluster (Ray, its nodes, their harness cores),
     then every node's own checks, run on that node; images whose inputs differ between nodes."""
     from harness.engine import ray_executor as rx
-    from harness.model.errors import RunError
+    from harness.model.errors import HarnessError, RunError
 
     head: list[Check] = []
     try:
@@ -156,7 +156,7 @@ def ray_checks(address: str | None, reserve: int | None = None) -> list[tuple[st
     head.append(Check("ray", "ok", f"Ray {rx.version()}; usage reporting off (RAY_USAGE_STATS_ENABLED=0)"))
     try:
         joined = rx.connect(address, cores=1)
-    except RunError as e:
+    except HarnessError as e:
         return [("cluster", [*head, Check("cluster", "fail", str(e), "start the head with `ray start --head` and pass --ray-address HOST:PORT")])]
     live = rx.nodes()
     offering = [n for n in live if n["harness_cores"] > 0]

@@ -74,7 +74,7 @@ def node_facts(client: Any, node_id: str) -> dict[str, Any]:
     return {"executor": "ray" if node_id else "local", "node_id": node_id, "hostname": facts.get("hostname", ""),
             "kernel": facts.get("kernel", ""), "cgroup_version": str(facts.get("cgroup_version", "")),
             "cpu_model": facts.get("cpu_model", ""), "logical_cpus": facts.get("logical_cpus"),
-            "memory_total": facts.get("memory_total"), **engine_facts(client)}
+            "memory_total": facts.get("memory_total"), "psi": facts.get("psi"), **engine_facts(client)}
 
 
 def image_facts(client: Any, image: str) -> dict[str, str] | None:

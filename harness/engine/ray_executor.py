@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from harness.engine.executor import Done, Executor, Work
 from harness.engine.node import RemoteAttempt, RemoteResult, check_node, receive_artifacts, sweep_node
-from harness.model.errors import RunError
+from harness.model.errors import ClusterError, RunError
 
 RESOURCE = "harness_core"  # one unit per exclusive core a node offers to attempts
 ADDRESS_ENV = "HARNESS_RAY_ADDRESS"
@@ -70,6 +70,8 @@ def connect(address: str | None = None, cores: int | None = None) -> str:
     if ray.is_initialized():
         return str(ray.get_runtime_context().gcs_address)
     kw: dict[str, Any] = dict(logging_level="ERROR", log_to_driver=False, configure_logging=True)
+    if address:
+        _probe(address)
     try:
         if address:
             ray.init(address=address, **kw)
@@ -80,8 +82,26 @@ def connect(address: str | None = None, cores: int | None = None) -> str:
             atexit.register(ray.shutdown)
     except Exception as e:  # ray raises ConnectionError, RuntimeError, ValueError ... here
         where = f"the Ray cluster at {address}" if address else "a local Ray node"
-        raise RunError(f"could not join {where}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
+        text = str(e)
+        hint = (" (the cluster uses token authentication: run harness as the user that started it, so it finds "
+                "~/.ray/auth_token, or set RAY_AUTH_TOKEN)" if "auth" in text.lower() or "token" in text.lower() else "")
+        raise ClusterError(f"could not join {where}: {type(e).__name__}: {text.splitlines()[0][:200] if text else ''}{hint}") from None
     return str(ray.get_runtime_context().gcs_address)
+
+
+def _probe(address: str, timeout: float = 5.0) -> None:
+    """One TCP connect to the head's GCS port before Ray tries (Ray itself retries for many
+    minutes): nothing listening there is a one-line error at once."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise RunError(f"--ray-address {address!r}: give HOST:PORT of the cluster's head (its GCS port, 6379 by default)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ClusterError(f"nothing answers at {address} ({e.strerror or e}): is the head started "
+                           f"(`ray start --head --port {port}`) and reachable from here?") from None
 
 
 def nodes() -> list[dict[str, Any]]:

@@ -199,6 +199,9 @@ class Runner:
         gw = plan_gateway([*suite.secrets, *(opts.secrets or [])], opts.upstreams or [])
         refuse_leaks(gw, suite, tasks, agent_cmd, agent_env, opts.note)
         profile = network_for_run(profile, opts.network, named.network if named else None, gw)
+        if opts.executor == "ray" and profile.network != "none":
+            raise RunError(f"--executor ray runs attempts under network none only (this run needs {profile.network}): the model "
+                           "gateway and the bridge firewall live on one machine; run it with the local executor")
         if profile.network == "gateway" and not gw.upstreams:
             who = f"agent {opts.agent}" if named and named.network == "gateway" else f"network gateway (profile {profile.name})"
             raise RunError(f"{who} needs a model provider and this run has none, so every model call would be refused: "
@@ -759,8 +762,8 @@ def plan_ray(client: Any, suite: Suite, prep: Prepared, profile: Profile, opts: 
 
 def _common_facts(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     """A Ray run's host facts: what its nodes share; where they differ, every value ("a | b")."""
-    keys = ("kernel", "cpu_model", "logical_cpus", "memory_total", "cgroup_version", "hostname", "engine_version", "cgroup_driver")
-    out: dict[str, Any] = {"nodes": len(nodes)}
+    keys = ("kernel", "cpu_model", "logical_cpus", "memory_total", "cgroup_version", "psi", "hostname")  # those of a local run
+    out: dict[str, Any] = {}
     for k in keys:
         vals = sorted({str(n.get(k)) for n in nodes if n.get(k) not in (None, "")})
         if vals:

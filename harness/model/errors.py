@@ -72,6 +72,10 @@ class StoreError(UsageError):
 # ---- infrastructure errors
 
 
+class ClusterError(InfraError):
+    """The Ray cluster cannot be joined (nothing answers, refused, authentication)."""
+
+
 class EngineError(InfraError):
     """The Docker engine cannot be reached or refused a request; the message says what to do."""
 
