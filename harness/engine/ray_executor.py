@@ -83,8 +83,9 @@ def connect(address: str | None = None, cores: int | None = None) -> str:
     except Exception as e:  # ray raises ConnectionError, RuntimeError, ValueError ... here
         where = f"the Ray cluster at {address}" if address else "a local Ray node"
         text = str(e)
-        hint = (" (the cluster uses token authentication: run harness as the user that started it, so it finds "
-                "~/.ray/auth_token, or set RAY_AUTH_TOKEN)" if "auth" in text.lower() or "token" in text.lower() else "")
+        hint = ("" if not address or os.environ.get("RAY_AUTH_MODE") else
+                " (if the head was started by `ray start` with token authentication, the default of recent Ray, run harness "
+                "with RAY_AUTH_MODE=token as the user that started it: the token is its ~/.ray/auth_token)")
         raise ClusterError(f"could not join {where}: {type(e).__name__}: {text.splitlines()[0][:200] if text else ''}{hint}") from None
     return str(ray.get_runtime_context().gcs_address)
 
