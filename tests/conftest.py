@@ -51,3 +51,18 @@ def run_cli(cwd, *args: str, env: dict | None = None, timeout: float = 600):
 
     e = {**os.environ, "HARNESS_HOME": str(cwd / "home"), **(env or {})}
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
+
+
+def dead_core_holder(core: int = 0) -> int:
+    """A real process that leases ``core`` (as a controller does) and is killed holding it;
+    its pid. The lock folder is the caller's $HARNESS_LOCK_DIR."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; from harness.engine.scheduler import CpuPool; "
+                          f"p = CpuPool(cpus=[{core}], reserved=[]); p.lease(1, timeout=5); print('held', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True, env={**os.environ})
+    assert p.stdout.readline().strip() == "held"
+    p.kill()
+    p.wait()
+    return p.pid

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 
@@ -18,7 +17,8 @@ from harness.engine.executor import LocalExecutor, OrphanClearer, Work
 from harness.engine.scheduler import CpuPool
 from harness.sandbox.docker_backend import DockerBackend
 from harness.sandbox.images import SANDBOX_IMAGE
-from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LABEL_RUN, controller_host
+from harness.sandbox.owners import LABEL_RUN, controller_host
+from tests.conftest import dead_core_holder
 
 pytestmark = pytest.mark.docker
 
@@ -55,15 +55,10 @@ def test_lock_file_names_a_holder_that_died_holding_it(tmp_path, monkeypatch):
     got = pool.lease(1, timeout=5)
     assert pool.take_stale(got) == {}
     pool.release(got)
-    p = subprocess.Popen([sys.executable, "-c", "import time; from harness.engine.scheduler import CpuPool; "
-                          "p = CpuPool(cpus=[0], reserved=[]); p.lease(1, timeout=5); print('held', flush=True); time.sleep(60)"],
-                         stdout=subprocess.PIPE, text=True, env={**os.environ})
-    assert p.stdout.readline().strip() == "held"
-    p.kill()
-    p.wait()
+    pid = dead_core_holder(0)
     got = pool.lease(1, timeout=5)
     stale = pool.take_stale(got)
-    assert stale == {0: f"{controller_host()}:{p.pid}"}
+    assert stale == {0: f"{controller_host()}:{pid}"}
     assert pool.take_stale(got) == {}, "a stale holder is reported once"
     pool.release(got)
 

@@ -142,24 +142,17 @@ def test_ray_options_without_ray_are_one_line_errors(tmp_path):
 def test_a_dead_holder_survives_a_lease_that_does_not_clear_it(tmp_path, monkeypatch):
     """doctor, sandbox exec or a partial multi-core lease take a core without clearing what a
     dead holder left: its name must still be there for the next lease that does."""
-    import subprocess
-    import sys
-
     from harness.engine.scheduler import CpuPool
     from harness.sandbox.owners import controller_host
+    from tests.conftest import dead_core_holder
 
     monkeypatch.setenv("HARNESS_LOCK_DIR", str(tmp_path / "locks"))
-    p = subprocess.Popen([sys.executable, "-c", "import time; from harness.engine.scheduler import CpuPool; "
-                          "p = CpuPool(cpus=[0], reserved=[]); p.lease(1, timeout=5); print('held', flush=True); time.sleep(60)"],
-                         stdout=subprocess.PIPE, text=True, env={**os.environ})
-    assert p.stdout.readline().strip() == "held"
-    p.kill()
-    p.wait()
+    pid = dead_core_holder(0)
     with CpuPool(cpus=[0], reserved=[]).leased(1):  # a doctor-style lease: takes the core, clears nothing
         pass
     pool = CpuPool(cpus=[0], reserved=[])
     got = pool.lease(1, timeout=5)
-    assert pool.take_stale(got) == {0: f"{controller_host()}:{p.pid}"}
+    assert pool.take_stale(got) == {0: f"{controller_host()}:{pid}"}
     pool.release(got)
     got = pool.lease(1, timeout=5)
     assert pool.take_stale(got) == {}, "taken and released cleanly: gone"
