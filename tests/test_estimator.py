@@ -20,7 +20,6 @@ from harness.core.estimator import (
     clopper_pearson_interval,
     cluster_bootstrap,
     clustered_se_pass1,
-    compare_runs,
     drift_test,
     overdispersion_test,
     pass_at_k,
@@ -28,7 +27,6 @@ from harness.core.estimator import (
     pass_hat_k,
     pass_hat_k_exact,
     suite_metrics,
-    tasks_needed_paired,
     trials_needed,
     wilson_interval,
 )
@@ -349,90 +347,64 @@ def test_clustered_se_pass1():
         clustered_se_pass1([counts("a", 3, 1)])
 
 
-# --------------------------------------------------------------------------- comparison
+# --------------------------------------------------------------------------- suite intervals
 
 
-def test_compare_mcnemar_exact():
-    # 1 trial per task: 8 tasks pass only in B, 2 only in A, 5 pass in both, 5 fail in both.
-    a, b = [], []
-    for i in range(8):
-        a.append(T(f"x{i}", "✗")); b.append(T(f"x{i}", "✓"))
-    for i in range(2):
-        a.append(T(f"y{i}", "✓")); b.append(T(f"y{i}", "✗"))
-    for i in range(5):
-        a.append(T(f"z{i}", "✓")); b.append(T(f"z{i}", "✓"))
-        a.append(T(f"w{i}", "✗")); b.append(T(f"w{i}", "✗"))
-    a.append(T("a_only", "✓"))
-    b.append(T("b_only", "✗"))
-    r = compare_runs(a, b, ks=[1])
-    # Hand-computed: 2 * P(Bin(10, 1/2) <= 2) = 2 * (1 + 10 + 45) / 1024 = 112 / 1024.
-    assert r.test.method == "mcnemar_exact"
-    assert r.test.p_value == pytest.approx(112 / 1024, abs=1e-15)
-    assert r.test.statistic == 8 and r.test.n_informative == 10
-    assert r.only_in_a == ["a_only"] and r.only_in_b == ["b_only"]
-    assert r.n_common == 20
-    assert r.suite[0].metric == "pass@1"
-    assert r.suite[0].delta == pytest.approx(6 / 20)
+def test_task_variance_matches_enumeration():
+    # Exact: sum over j of Binomial(n, p) weights times the estimator's square, minus the mean's square.
+    for n, c, k, metric in [(8, 6, 4, "pass^k"), (8, 1, 4, "pass@k"), (5, 5, 1, "pass@1"), (10, 0, 3, "pass^k")]:
+        p = Fraction(2 * c + 1, 2 * (n + 1))
+        f = {"pass@1": lambda j: Fraction(j, n), "pass@k": lambda j: pass_at_k_exact(n, j, k),
+             "pass^k": lambda j: pass_hat_k_exact(n, j, k)}[metric]
+        w = [math.comb(n, j) * p**j * (1 - p) ** (n - j) for j in range(n + 1)]
+        m1 = sum(wj * f(j) for j, wj in enumerate(w))
+        m2 = sum(wj * f(j) ** 2 for j, wj in enumerate(w))
+        assert est.task_variance(metric, n, c, k) == pytest.approx(float(m2 - m1 * m1), rel=1e-9)
+
+
+def test_t_quantiles_against_scipy():
     stats = pytest.importorskip("scipy.stats")
-    assert r.test.p_value == pytest.approx(stats.binomtest(8, 10, 0.5).pvalue)
+    for df in (1, 2, 7, 15, 49, 300):
+        for q in (0.6, 0.9, 0.975, 0.995):
+            assert est.t_ppf(q, df) == pytest.approx(stats.t.ppf(q, df), rel=1e-9)
+            assert est.t_cdf(est.t_ppf(q, df), df) == pytest.approx(q, abs=1e-12)
 
 
-def test_compare_sign_flip_exact_tiny_case():
-    # Per-task pass@1 deltas: +1/2, +1/2, -1/4 (in units of 1/4: 2, 2, -1), and one zero delta.
-    a = [counts("t1", 2, 0), counts("t2", 4, 1), counts("t3", 4, 2), counts("t4", 2, 1)]
-    b = [counts("t1", 2, 1), counts("t2", 4, 3), counts("t3", 4, 1), counts("t4", 2, 1)]
-    r = compare_runs(a, b, ks=[2], seed=0)
-    assert r.test.method == "sign_flip_exact"
-    assert r.test.n_informative == 3
-    # Sign flips of (2, 2, -1): sums 3, 5, -1, 1, -1, 1, -5, -3 -> |S| >= 3 in 4 of 8.
-    assert r.test.p_value == pytest.approx(4 / 8)
-    assert r.test.statistic == pytest.approx((0.5 + 0.5 - 0.25 + 0) / 4)
-    by_id = {t.task_id: t for t in r.per_task}
-    assert by_id["t2"].delta_pass1 == pytest.approx(0.5)
-    assert by_id["t2"].delta_pass_hat_k[2] == pytest.approx(
-        float(pass_hat_k_exact(4, 3, 2) - pass_hat_k_exact(4, 1, 2))
-    )
-    metrics = [(s.metric, s.k) for s in r.suite]
-    assert metrics == [("pass@1", 1), ("pass@k", 2), ("pass^k", 2)]
-    for s in r.suite:
-        assert s.low <= s.delta <= s.high
-        assert s.delta == pytest.approx(s.b - s.a)
+def test_suite_interval_all_pass_has_width_from_trials():
+    tasks = [counts(f"t{i}", 8, 8) for i in range(16)]
+    for estimand in ("tasks", "suite"):
+        iv = est.suite_interval(tasks, "pass^k", 4, estimand=estimand)
+        assert iv.estimate == 1.0 and iv.high == 1.0
+        assert 0.8 < iv.low < 0.95  # capped n_eff = 16 * 8 / 4 = 32 trials' worth, never certainty
+        assert iv.n_eff == 32.0
 
 
-def test_compare_sign_flip_extreme_and_monte_carlo():
-    a = [counts(f"t{i}", 4, 0) for i in range(6)]
-    b = [counts(f"t{i}", 4, 4) for i in range(6)]
-    r = compare_runs(a, b, ks=[2])
-    assert r.test.p_value == pytest.approx(2 / 64)  # only the all-plus and all-minus flips
-    rng = random.Random(5)
-    a = [counts(f"t{i}", 5, rng.randint(0, 5)) for i in range(40)]
-    b = [counts(f"t{i}", 5, min(5, t.c + rng.randint(0, 2))) for i, t in enumerate(a)]
-    r1 = compare_runs(a, b, ks=[2], seed=11, n_perm=2000)
-    r2 = compare_runs(a, b, ks=[2], seed=11, n_perm=2000)
-    assert r1.test.method == "sign_flip_monte_carlo"
-    assert r1 == r2
-    assert r1.test.p_value < 0.01
-    assert r1.suite[0].low > 0
+def test_suite_interval_one_task_and_short_tasks():
+    one = est.suite_interval([counts("a", 8, 5)], "pass@1")
+    assert (one.low, one.high) == (0.0, 1.0) and one.n_eff is None  # the spread between tasks is unknown
+    tasks = [counts("a", 8, 8), counts("b", 8, 8), counts("c", 2, 0), counts("d", 0, 0)]
+    iv = est.suite_interval(tasks, "pass^k", 3)
+    assert iv.estimate == 1.0 and iv.excluded == ["c", "d"] and iv.counted_short == []
+    worst = est.suite_interval(tasks, "pass^k", 3, short_as=0.0)
+    assert worst.estimate == pytest.approx(2 / 3) and worst.counted_short == ["c"] and worst.excluded == ["d"]
+    with pytest.raises(ValueError, match="estimand"):
+        est.suite_interval(tasks, "pass@1", estimand="population")
+    with pytest.raises(ValueError, match="at least 9"):
+        est.suite_interval(tasks, "pass^k", 9)
 
 
-def test_compare_sign_flip_monte_carlo_close_to_exact():
-    rng = random.Random(2)
-    ds = [rng.choice([-3, -1, 1, 2, 4]) for _ in range(16)]
-    exact = est._sign_flip_exact(ds)
-    mc = est._sign_flip_mc(ds, 20000, random.Random(0))
-    assert mc == pytest.approx(exact, abs=0.015)
-
-
-def test_compare_errors_and_unmeasured():
-    with pytest.raises(ValueError, match="share no task"):
-        compare_runs([counts("a", 2, 1)], [counts("b", 2, 1)], ks=[1])
-    r = compare_runs(
-        [counts("a", 2, 1), counts("u", 0, 0), counts("v", 3, 1)],
-        [counts("a", 2, 2), counts("u", 3, 1), counts("v", 3, 1)],
-        ks=[3],
-    )
-    assert r.unmeasured == ["u"] and r.n_common == 2
-    assert [s.excluded for s in r.suite if s.k == 3] == [["a"], ["a"]]
+def test_suite_interval_contains_estimate_and_narrows_with_tasks():
+    rng = random.Random(3)
+    widths = []
+    for T_ in (8, 32, 128):
+        tasks = [TaskOutcomes(task_id=f"t{i}", trials=[rng.random() < p for _ in range(8)])
+                 for i, p in enumerate(rng.betavariate(2, 2) for _ in range(T_))]
+        iv = est.suite_interval(tasks, "pass@1")
+        fixed = est.suite_interval(tasks, "pass@1", estimand="suite")
+        assert iv.low <= iv.estimate <= iv.high and fixed.low <= fixed.estimate <= fixed.high
+        assert fixed.high - fixed.low < iv.high - iv.low  # trial noise alone is the smaller part
+        widths.append(iv.high - iv.low)
+    assert widths[0] > widths[1] > widths[2]
 
 
 # --------------------------------------------------------------------------- diagnostics
@@ -542,10 +514,8 @@ def test_sample_size_helpers():
     n = (za * math.sqrt(2 * pbar * (1 - pbar)) + zb * math.sqrt(p1 * (1 - p1) + p2 * (1 - p2))) ** 2 / 0.01
     assert trials_needed(0.6, 0.7) == math.ceil(n)
     assert trials_needed(0.5, 0.6) > trials_needed(0.5, 0.8)
-    assert tasks_needed_paired(0.1, 0.3) == math.ceil(((za + zb) * 3) ** 2)  # 70.6 -> 71
     with pytest.raises(ValueError, match="no difference"):
         trials_needed(0.5, 0.5)
     with pytest.raises(ValueError, match="power"):
         trials_needed(0.5, 0.6, power=1.0)
-    with pytest.raises(ValueError, match="sd"):
-        tasks_needed_paired(0.1, 0)
+

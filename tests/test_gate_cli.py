@@ -164,10 +164,12 @@ def test_gate_fails_when_the_metric_cannot_be_computed(db):
     assert "pass^4 cannot be computed: no task has 4 clean trial(s)" in r.stdout
     r = gate(url, "thin", "--per-task", "pass^4==1:0.5")
     assert r.exit_code == 1 and "cannot be computed" in r.stdout
-    # a task short of k is left out of the average and said so
+    # a task short of k counts at its worst: it cannot drop out and lift the mean
     add_run(store, "part", {"a": "✓✓✓✓✓", "b": "✓✓···"}, ks=(1, 4), minutes=2)
     r = gate(url, "part", "--require", "pass^4>=1")
-    assert r.exit_code == 0 and "left out: b" in r.stdout
+    assert r.exit_code == 1 and "counted at their worst (0): b" in r.stdout and "pass^4 = 0.500" in r.stdout
+    r = gate(url, "part", "--require", "pass^4>=0.5")
+    assert r.exit_code == 0, r.output
 
 
 def test_gate_per_task_rule(db):
@@ -233,7 +235,9 @@ def test_compare_paired_on_common_tasks(db):
     p1 = doc["suite"][0]
     assert p1["metric"] == "pass@1" and p1["delta"] == pytest.approx(0.25) and p1["low"] <= 0.25 <= p1["high"]
     assert {s["metric"] for s in doc["suite"]} == {"pass@1", "pass@2", "pass^2", "pass@5", "pass^5"}
-    assert doc["test"]["method"] == "sign_flip_exact" and 0 < doc["test"]["p_value"] <= 1
+    assert doc["test"]["method"] == "stratified_permutation" and 0 < doc["test"]["p_value"] <= 1
+    assert all(s["beyond_noise"] == (s["low"] > 0 or s["high"] < 0) == (s["p_value"] <= 0.05) for s in doc["suite"])
+    assert doc["best_p"] < 0.05 and doc["cannot_be_significant"] is None  # 4 tasks of 5 trials could show a change
     # non-blocking identity differences are warnings
     assert any("image digest differs" in w for w in doc["identity"]["warnings"])
     assert any("harness version differs" in w for w in doc["identity"]["warnings"])
@@ -269,3 +273,22 @@ def test_compare_with_nothing_in_common_is_a_usage_error(db):
     add_run(store, "disjoint", {"zz": "✓✓✓✓✓"}, minutes=1)
     r = compare(url, "worked", "disjoint")
     assert r.exit_code == 2 and "share no task measured in both" in r.output
+
+
+def test_gate_on_the_confidence_bound(db):
+    store, url = db
+    add_run(store, "allpass", {f"t{i}": "✓✓✓✓✓✓✓✓" for i in range(16)}, ks=(1, 4), minutes=1)
+    r = gate(url, "allpass", "--require", "pass^4>=0.9", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["checks"][0]["bound"] is None
+    r = gate(url, "allpass", "--require", "pass^4>=0.95", "--confidence", "0.95", "--json")
+    doc = json.loads(r.stdout)["checks"][0]
+    # 16 tasks x 8 trials all passing: the one-sided 95% lower bound of pass^4 is about 0.91 (32 tries' worth)
+    assert r.exit_code == 1 and doc["estimate"] == 1.0 and 0.88 < doc["bound"] < 0.95 and doc["estimand"] == "tasks"
+    r = gate(url, "allpass", "--require", "pass^4>=0.95")
+    assert r.exit_code == 0, r.output  # the point estimate holds
+    r = gate(url, "allpass", "--require", "pass^4>=0.85", "--confidence", "0.95")
+    assert r.exit_code == 0 and "judged on the 95% lower bound" in r.stdout
+    r = gate(url, "allpass", "--require", "pass^4>=0.9", "--estimand", "suite")
+    assert r.exit_code == 2 and "pass --confidence too" in r.output
+    r = gate(url, "allpass", "--require", "pass^4>=0.9", "--confidence", "1.5")
+    assert r.exit_code == 2 and "between 0.5 and 1" in r.output

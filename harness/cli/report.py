@@ -98,7 +98,7 @@ def report(
 
     Identity of the run; per-task ✓/✗ rows, worst first, with pass@1 and its
     Wilson CI, pass^k and failure kinds; suite pass@1 / pass@k / pass^k with
-    cluster-bootstrap CIs beside the naive mean(p)^k; buckets; discarded
+    CIs (tasks like these; this suite) beside the naive mean(p)^k; buckets; discarded
     attempts by reason and task (selection-bias warning for a task discarded
     far more than the rest); unmeasured slots; drift and overdispersion. For a run
     whose agents called a model through the gateway: calls, tokens spent (every
@@ -165,6 +165,10 @@ def gate(
     require: list[str] = typer.Option([], "--require", "-r", help="Suite requirement METRIC OP VALUE, e.g. 'pass^4>=0.9' (repeatable)."),
     per_task: list[str] = typer.Option([], "--per-task", help="CONDITION:SHARE, e.g. 'pass^4==1:0.9' = at least 90% of tasks reach pass^4 == 1 (repeatable)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Fail on any task that passed every trial in this run and no longer does."),
+    confidence: Optional[float] = typer.Option(None, "--confidence", help="Gate suite requirements on the one-sided bound at this "
+                                               "confidence (e.g. 0.95: the lower bound for >=) instead of the point estimate."),
+    estimand: str = typer.Option("tasks", "--estimand", help="With --confidence: 'tasks' (tasks like these; the default) or "
+                                 "'suite' (this fixed suite, trial noise only)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
@@ -174,15 +178,20 @@ def gate(
     OP one of >= > <= < ==, VALUE in [0, 1]; K may be any k up to the run's trials (the
     requirement is written into CI before the run, so it is not chosen after).
     Suite figures average per-task estimates over tasks with at least K clean
-    trials. Unmeasured slots are never counted; a metric that cannot be
-    computed fails the gate. Usage errors (bad requirement, k not measured,
-    unknown run) exit 2.
+    trials; a task with fewer than K (but some) clean trials counts at its
+    worst (0 for >=). By default the point estimate is judged; with
+    --confidence 0.95 the one-sided 95% bound is (the message says which).
+    Unmeasured slots are never counted; a metric that cannot be computed
+    fails the gate. Usage errors (bad requirement, k not measured, unknown
+    run) exit 2.
 
     Examples:
 
       harness gate last --require 'pass^4>=0.9'
 
       harness gate last --require 'pass@1>=0.8' --require 'pass^8>=0.5'
+
+      harness gate last --require 'pass^4>=0.9' --confidence 0.95
 
       harness gate last --per-task 'pass^4==1:0.9'
 
@@ -192,6 +201,12 @@ def gate(
     from harness.report.build import check_k
     from harness.report.gate import GateCheck, check_baseline, check_per_task, check_requirement, parse_per_task, parse_requirement
 
+    if confidence is not None and not 0.5 < confidence < 1:
+        die(f"--confidence {confidence:g}: use a level between 0.5 and 1, e.g. 0.95")
+    if estimand not in ("tasks", "suite"):
+        die(f"--estimand {estimand!r}: use 'tasks' (tasks like these) or 'suite' (this fixed suite)")
+    if estimand != "tasks" and confidence is None:
+        die("--estimand chooses the interval a --confidence bound is read from; pass --confidence too")
     if not require and not per_task and baseline is None:
         die("nothing to check: pass --require 'pass^4>=0.9', --per-task 'pass^4==1:0.9' or --baseline RUN")
     try:
@@ -206,7 +221,7 @@ def gate(
         if problem:
             die(f"requirement {req.text!r}: {problem}")
     outs = task_outcomes(row, attempts)
-    checks = [check_requirement(r, outs) for r in reqs]
+    checks = [check_requirement(r, outs, confidence, estimand) for r in reqs]
     checks += [check_per_task(r, share, outs, text) for (r, share), text in pts]
     if row.excluded:  # a task that could not run is not a task that passed
         checks.append(GateCheck("every task ran", False, f"{len(row.excluded)} task(s) of the suite could not run here and are in "
@@ -255,8 +270,13 @@ def compare(
 ) -> None:
     """Paired comparison of two runs on their common tasks (deltas B − A).
 
-    Per-task deltas, suite deltas with paired bootstrap CIs, the paired test
-    and its p-value, tasks only in A or B. Refuses (exit 2) when the suite
+    Per-task deltas; suite deltas (pass@1, pass@k, pass^k) with the noise
+    floor -- how far each moves on these tasks and trial counts when nothing
+    changed -- and the interval and p-value of one stratified permutation
+    test, adjusted for every metric shown (beyond the floor <=> CI excludes
+    0 <=> adjusted p <= 0.05); the A/A floor from stored runs with A's
+    identity when there are any; tasks only in A or B. Warns when seeds,
+    agent, images or machines differ. Refuses (exit 2) when the suite
     (name or hash) or the profile differ, saying what differs, unless
     --allow-mismatch; other identity differences (image digest, agent,
     harness version, host, cgroup version) are printed as warnings.
@@ -287,7 +307,9 @@ def compare(
     if blocking and not allow_mismatch:
         die(f"runs {a.id} and {b.id} are not comparable: " + "; ".join(blocking) + " -- pass --allow-mismatch to compare anyway")
     try:
-        data = build_comparison(a, att_a, b, att_b)
+        stored = [(r, store.attempts(r.id)) for r in store.runs_with_identity(a.identity_hash) if r.id not in (a.id, b.id)] \
+            if a.identity_hash else []
+        data = build_comparison(a, att_a, b, att_b, stored=stored)
     except ValueError as e:  # no common measured task
         die(str(e).removeprefix("compare_runs: "))
     if fmt is CompareFormat.json:

@@ -433,7 +433,7 @@ def print_sweep(doc: dict[str, Any]) -> None:
     console.print(t)
     for r in doc["profiles"]:
         console.print(f"[dim]{r['profile']}: run {r['run_id']}{' — ' + r['note'] if r['note'] else ''}[/]", highlight=False)
-    console.print("[dim]Δ = this envelope minus the reference, paired per task (same tasks, same seeds); CI by cluster bootstrap over tasks.[/]")
+    console.print("[dim]Δ = this envelope minus the reference, paired per task (same tasks, same seeds); CI and p from the stratified permutation test (the noise floor).[/]")
 
 
 def register(app: typer.Typer) -> None:

@@ -30,16 +30,15 @@ from fractions import Fraction
 from harness.model.estimates import (
     BootstrapResult,
     Buckets,
-    Comparison,
+    ESTIMANDS,
+    SMALL_SUITE,
     DriftResult,
     Interval,
     KMetrics,
     Metric,
     OverdispersionResult,
-    SignificanceTest,
-    SuiteDelta,
+    SuiteInterval,
     SuiteMetrics,
-    TaskDelta,
     TaskMetrics,
 )
 from harness.model.outcomes import TaskOutcomes
@@ -62,19 +61,20 @@ __all__ = [
     "clustered_se_pass1",
     "Buckets",
     "buckets",
-    "TaskDelta",
-    "SuiteDelta",
-    "SignificanceTest",
-    "Comparison",
-    "compare_runs",
+    "SuiteInterval",
+    "suite_interval",
+    "task_variance",
+    "ESTIMANDS",
+    "SMALL_SUITE",
     "DriftResult",
     "drift_test",
     "OverdispersionResult",
     "overdispersion_test",
     "trials_needed",
-    "tasks_needed_paired",
     "normal_cdf",
     "normal_ppf",
+    "t_cdf",
+    "t_ppf",
     "beta_cdf",
     "beta_ppf",
     "chi2_sf",
@@ -422,6 +422,111 @@ def cluster_bootstrap(
     )
 
 
+def _estimator_values(metric: str, n: int, k: int) -> list[float]:
+    # The per-task estimate at every possible count of passes j = 0..n.
+    if metric == "pass@1":
+        return [j / n for j in range(n + 1)]
+    if metric == "pass@k":
+        return [pass_at_k(n, j, k) for j in range(n + 1)]
+    return [pass_hat_k(n, j, k) for j in range(n + 1)]
+
+
+def task_variance(metric: Metric, n: int, c: int, k: int | None = None) -> float:
+    """Variance of one task's unbiased estimate from n trials, plugged in at p = (c + 1/2) / (n + 1).
+
+    Exact under Binomial(n, p): ``sum_j P(j) f(j)^2 - (sum_j P(j) f(j))^2`` over j = 0..n passes,
+    with f the task's pass@1, pass@k or pass^k at j. The smoothing keeps the plug-in off 0 and 1
+    (a task that passed 8 of 8 still has trial noise). This is the "this suite" estimand: the
+    tasks are fixed, only the trials vary.
+    """
+    fn = "task_variance"
+    metric, k = _metric_k(fn, metric, k)
+    n, c, k = _check_nck(fn, n, c, k)
+    p = (c + 0.5) / (n + 1)
+    if metric == "pass@1":
+        return p * (1 - p) / n
+    lp, lq, ln = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    m1 = m2 = 0.0
+    for j, f in enumerate(_estimator_values(metric, n, k)):
+        if f == 0.0:
+            continue
+        w = math.exp(ln - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * lp + (n - j) * lq)
+        m1 += w * f
+        m2 += w * f * f
+    return max(0.0, m2 - m1 * m1)
+
+
+def _wilson_at(m: float, n_eff: float, z: float) -> Interval:
+    z2 = z * z
+    denom = 1 + z2 / n_eff
+    center = (m + z2 / (2 * n_eff)) / denom
+    half = z / denom * math.sqrt(max(0.0, m * (1 - m)) / n_eff + z2 / (4 * n_eff * n_eff))
+    low = 0.0 if m <= 0.0 else max(0.0, center - half)
+    high = 1.0 if m >= 1.0 else min(1.0, center + half)
+    return Interval(min(low, m), max(high, m))
+
+
+def suite_interval(
+    tasks: Iterable[TaskOutcomes],
+    metric: Metric,
+    k: int | None = None,
+    conf: float = 0.95,
+    estimand: str = "tasks",
+    short_as: float | None = None,
+) -> SuiteInterval:
+    """A suite figure (mean over tasks of the per-task unbiased estimate) with its interval.
+
+    The interval is a Wilson score interval at an effective sample size n_eff = m(1-m)/Var(m)
+    (the design-effect-adjusted interval of Korn & Graubard 1998, in the Wilson form), with
+    Var(m) for the chosen estimand:
+
+    * ``"tasks"`` -- over the population of tasks like these: the between-task sample variance
+      over T (the tasks' spread includes their trial noise), t quantile on T - 1 df. With one
+      task the spread is unknown and the interval is [0, 1].
+    * ``"suite"`` -- on this fixed suite: trial noise only, sum of each task's ``task_variance``
+      over T^2, normal quantile. What "did this change beat noise on our suite" needs. It
+      under-covers when k > n/2 (pass@k can barely move from c = 0); the report warns.
+
+    n_eff is capped at (clean trials of the tasks used) / k: every-task-passes suites get a
+    width from their trials instead of a zero-width interval. Tasks with n < k are left out
+    and listed, unless ``short_as`` is given (a gate's worst case: such tasks count at that
+    value with no variance). Seeded nothing: the interval is a function of the counts.
+    """
+    fn = "suite_interval"
+    metric, k = _metric_k(fn, metric, k)
+    conf = _prob(fn, "conf", conf)
+    if estimand not in ESTIMANDS:
+        raise ValueError(f"{fn}: estimand={estimand!r}; use one of {', '.join(ESTIMANDS)}")
+    if short_as is not None:
+        short_as = _prob(fn, "short_as", short_as, closed=True)
+    tasks = _tasks(fn, tasks)
+    inc = [t for t in tasks if t.n >= k]
+    short = [t for t in tasks if 0 < t.n < k] if short_as is not None else []
+    if not inc and not short:
+        raise ValueError(f"{fn}: no task has at least {k} clean trial(s); nothing to estimate {metric} from")
+    values = [_task_value(metric, t.n, t.c, k) for t in inc] + [float(short_as or 0.0)] * len(short)
+    T = len(values)
+    m = min(1.0, max(0.0, _mean(values)))
+    cap = max(1.0, sum(t.n for t in inc + short) / k)
+    if estimand == "tasks":
+        if T < 2:
+            low, high, n_eff = 0.0, 1.0, None
+        else:
+            var = math.fsum((v - m) ** 2 for v in values) / (T - 1) / T
+            n_eff = cap if var <= 0 or m * (1 - m) <= 0 else max(1.0, min(cap, m * (1 - m) / var))
+            low, high = _wilson_at(m, n_eff, t_ppf(0.5 + conf / 2, T - 1))
+    else:
+        var = math.fsum(task_variance(metric, t.n, t.c, k) for t in inc) / (T * T)
+        n_eff = cap if var <= 0 or m * (1 - m) <= 0 else max(1.0, min(cap, m * (1 - m) / var))
+        low, high = _wilson_at(m, n_eff, normal_ppf(0.5 + conf / 2))
+    return SuiteInterval(
+        metric=metric, k=k, estimand=estimand, estimate=m, low=low, high=high, conf=conf, n_tasks=T,
+        n_eff=n_eff, excluded=[t.task_id for t in tasks if t.n < k and t not in short],
+        counted_short=[t.task_id for t in short],
+    )
+
+
+
 def clustered_se_pass1(tasks: Iterable[TaskOutcomes]) -> float:
     """Clustered standard error of suite pass@1, with trials clustered by task.
 
@@ -437,180 +542,6 @@ def clustered_se_pass1(tasks: Iterable[TaskOutcomes]) -> float:
         raise ValueError(f"{fn}: {m} measured task(s); a clustered standard error needs at least 2")
     mu = _mean(ps)
     return math.sqrt(math.fsum((p - mu) ** 2 for p in ps) / (m * (m - 1)))
-
-
-# --------------------------------------------------------------------------- paired comparison
-
-
-def _binom_two_sided_half(x: int, m: int) -> float:
-    # Exact two-sided binomial(m, 1/2) p-value for observing x: 2 * P(X <= min(x, m-x)), capped at 1.
-    lo = min(x, m - x)
-    tail = sum(math.comb(m, i) for i in range(lo + 1))
-    return float(min(Fraction(1), Fraction(2 * tail, 2**m)))
-
-
-def _sign_flip_exact(ds: Sequence[int]) -> float:
-    obs = abs(sum(ds))
-    dist: dict[int, int] = {0: 1}
-    for d in ds:
-        nxt: dict[int, int] = defaultdict(int)
-        for s, cnt in dist.items():
-            nxt[s + d] += cnt
-            nxt[s - d] += cnt
-        dist = nxt
-    hits = sum(cnt for s, cnt in dist.items() if abs(s) >= obs)
-    return hits / 2 ** len(ds)
-
-
-def _sign_flip_mc(ds: Sequence[int], n_perm: int, rng: random.Random) -> float:
-    # With flips encoded as the bits of one random integer, S* = total - 2 * (sum of the
-    # flipped deltas); per-byte subset-sum tables make each permutation ~m/8 lookups.
-    total = sum(ds)
-    obs = abs(total)
-    tables: list[list[int]] = []
-    for start in range(0, len(ds), 8):
-        chunk = ds[start:start + 8]
-        t = [0] * (1 << len(chunk))
-        for mask in range(1, len(t)):
-            low = mask & -mask
-            t[mask] = t[mask ^ low] + chunk[low.bit_length() - 1]
-        tables.append(t)
-    m = len(ds)
-    hits = 0
-    for _ in range(n_perm):
-        bits = rng.getrandbits(m)
-        s = 0
-        for t in tables:
-            s += t[bits & 0xFF]
-            bits >>= 8
-        if abs(total - 2 * s) >= obs:
-            hits += 1
-    return (hits + 1) / (n_perm + 1)
-
-
-def compare_runs(
-    a_tasks: Iterable[TaskOutcomes],
-    b_tasks: Iterable[TaskOutcomes],
-    ks: Iterable[int],
-    seed: int = 0,
-    *,
-    n_boot: int = 2000,
-    n_perm: int = 10000,
-    conf: float = 0.95,
-) -> Comparison:
-    """Paired comparison of run A (baseline) and run B (candidate) on their common tasks.
-
-    Deltas are B - A. Per task: pass@1 and pass^k deltas. Suite: pass@1, and pass@k and
-    pass^k for each k >= 2, each the mean of per-task deltas over common tasks with n >= k
-    in both runs, with a paired cluster-bootstrap interval (tasks resampled, seeded).
-
-    Test on pass@1: exact McNemar (binomial on discordant pairs) when every common task has
-    exactly one clean trial in both runs; otherwise a paired sign-flip permutation test on
-    per-task pass@1 deltas, enumerated exactly when at most 20 tasks have a nonzero delta,
-    else ``n_perm`` seeded Monte Carlo flips. Tasks only in A or only in B, and common tasks
-    unmeasured in either run, are listed and not compared.
-    """
-    fn = "compare_runs"
-    a_list = _tasks(fn + " (run A)", a_tasks)
-    b_list = _tasks(fn + " (run B)", b_tasks)
-    ks = _ks(fn, ks)
-    seed = _int(fn, "seed", seed)
-    n_boot = _int(fn, "n_boot", n_boot)
-    n_perm = _int(fn, "n_perm", n_perm)
-    if n_boot < 1 or n_perm < 1:
-        raise ValueError(f"{fn}: n_boot={n_boot}, n_perm={n_perm}; both must be >= 1")
-    conf = _prob(fn, "conf", conf)
-    b_by_id = {t.task_id: t for t in b_list}
-    a_ids = {t.task_id for t in a_list}
-    only_a = [t.task_id for t in a_list if t.task_id not in b_by_id]
-    only_b = [t.task_id for t in b_list if t.task_id not in a_ids]
-    pairs: list[tuple[TaskOutcomes, TaskOutcomes]] = []
-    unmeasured: list[str] = []
-    for a in a_list:
-        b = b_by_id.get(a.task_id)
-        if b is None:
-            continue
-        if a.n == 0 or b.n == 0:
-            unmeasured.append(a.task_id)
-        else:
-            pairs.append((a, b))
-    if not pairs:
-        raise ValueError(
-            f"{fn}: runs A and B share no task measured in both ({len(only_a)} only in A, "
-            f"{len(only_b)} only in B, {len(unmeasured)} unmeasured); nothing to compare"
-        )
-
-    per_task = [
-        TaskDelta(
-            task_id=a.task_id, n_a=a.n, c_a=a.c, n_b=b.n, c_b=b.c,
-            pass1_a=a.c / a.n, pass1_b=b.c / b.n, delta_pass1=b.c / b.n - a.c / a.n,
-            delta_pass_hat_k={
-                k: pass_hat_k(b.n, b.c, k) - pass_hat_k(a.n, a.c, k) if min(a.n, b.n) >= k else None
-                for k in ks
-            },
-        )
-        for a, b in pairs
-    ]
-
-    suite: list[SuiteDelta] = []
-    specs: list[tuple[str, int]] = [("pass@1", 1)]
-    specs += [(m, k) for k in ks if k >= 2 for m in ("pass@k", "pass^k")]
-    for metric, k in specs:
-        used = [(a, b) for a, b in pairs if min(a.n, b.n) >= k]
-        excluded = [a.task_id for a, b in pairs if min(a.n, b.n) < k]
-        if not used:
-            continue
-        va = [_task_value(metric, a.n, a.c, k) for a, _ in used]
-        vb = [_task_value(metric, b.n, b.c, k) for _, b in used]
-        deltas = [y - x for x, y in zip(va, vb)]
-        # A string seed is hashed deterministically (sha512), independent of PYTHONHASHSEED.
-        ci = _bootstrap_mean(deltas, n_boot, random.Random(f"{seed}/{metric}/{k}"), conf)
-        suite.append(
-            SuiteDelta(
-                metric=metric, k=k, a=_mean(va), b=_mean(vb), delta=_mean(deltas),
-                low=ci.low, high=ci.high, conf=conf, n_tasks=len(used), excluded=excluded,
-            )
-        )
-
-    if all(a.n == 1 and b.n == 1 for a, b in pairs):
-        only_b_pass = sum(1 for a, b in pairs if b.c and not a.c)
-        only_a_pass = sum(1 for a, b in pairs if a.c and not b.c)
-        m = only_a_pass + only_b_pass
-        p = _binom_two_sided_half(only_b_pass, m) if m else 1.0
-        test = SignificanceTest(
-            method="mcnemar_exact", statistic=only_b_pass, p_value=p, n_informative=m,
-            detail=f"McNemar exact: {only_b_pass} task(s) pass only in B, {only_a_pass} only in A; p={p:.3g}",
-        )
-    else:
-        # Deltas scaled to integers by the lcm of all n, so ties in |S| compare exactly.
-        lcm = math.lcm(*(x.n for pair in pairs for x in pair))
-        ds = [b.c * (lcm // b.n) - a.c * (lcm // a.n) for a, b in pairs]
-        nz = [d for d in ds if d != 0]
-        mean_delta = _mean([t.delta_pass1 for t in per_task])
-        if not nz:
-            test = SignificanceTest(
-                method="none", statistic=0.0, p_value=1.0, n_informative=0,
-                detail="no task changed its pass@1 between A and B",
-            )
-        elif len(nz) <= 20:
-            p = _sign_flip_exact(nz)
-            test = SignificanceTest(
-                method="sign_flip_exact", statistic=mean_delta, p_value=p, n_informative=len(nz),
-                detail=f"paired sign-flip test, exact over 2^{len(nz)} flips: mean pass@1 delta "
-                f"{mean_delta:+.3f}, p={p:.3g}",
-            )
-        else:
-            p = _sign_flip_mc(nz, n_perm, random.Random(seed))
-            test = SignificanceTest(
-                method="sign_flip_monte_carlo", statistic=mean_delta, p_value=p, n_informative=len(nz),
-                detail=f"paired sign-flip test, {n_perm} seeded random flips (seed {seed}): mean "
-                f"pass@1 delta {mean_delta:+.3f}, p={p:.3g}",
-            )
-
-    return Comparison(
-        n_common=len(pairs), only_in_a=only_a, only_in_b=only_b, unmeasured=unmeasured,
-        per_task=per_task, suite=suite, test=test,
-    )
 
 
 # --------------------------------------------------------------------------- diagnostics
@@ -774,7 +705,7 @@ def trials_needed(p1: float, p2: float, alpha: float = 0.05, power: float = 0.8)
 
     ``n = (z_{1-a/2} sqrt(2 pbar qbar) + z_{power} sqrt(p1 q1 + p2 q2))^2 / (p1 - p2)^2``,
     rounded up. Assumes independent trials; when failures cluster by task, trials on the
-    same tasks are worth less -- use tasks_needed_paired with the per-task delta spread.
+    same tasks are worth less -- use harness.core.paired.tasks_needed_paired with the per-task delta spread.
     """
     fn = "trials_needed"
     p1 = _prob(fn, "p1", p1, closed=True)
@@ -787,26 +718,6 @@ def trials_needed(p1: float, p2: float, alpha: float = 0.05, power: float = 0.8)
     pbar = (p1 + p2) / 2
     num = za * math.sqrt(2 * pbar * (1 - pbar)) + zb * math.sqrt(p1 * (1 - p1) + p2 * (1 - p2))
     return max(1, math.ceil(num * num / (p1 - p2) ** 2 - 1e-9))
-
-
-def tasks_needed_paired(delta: float, sd: float, alpha: float = 0.05, power: float = 0.8) -> int:
-    """Tasks needed to detect a mean per-task delta in a paired comparison (normal approx).
-
-    ``n = ((z_{1-a/2} + z_{power}) * sd / delta)^2``, rounded up, where ``sd`` is the
-    standard deviation of per-task deltas (e.g. of pass@1 between two runs).
-    """
-    fn = "tasks_needed_paired"
-    for name, v in (("delta", delta), ("sd", sd)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-            raise ValueError(f"{fn}: {name} must be a finite number, got {v!r}")
-    if delta == 0:
-        raise ValueError(f"{fn}: delta=0; there is no difference to detect")
-    if sd <= 0:
-        raise ValueError(f"{fn}: sd={sd}; the spread of per-task deltas must be > 0")
-    alpha = _prob(fn, "alpha", alpha)
-    power = _prob(fn, "power", power)
-    z = normal_ppf(1 - alpha / 2) + normal_ppf(power)
-    return max(1, math.ceil((z * sd / delta) ** 2 - 1e-9))
 
 
 # --------------------------------------------------------------------------- special functions
@@ -912,6 +823,39 @@ def beta_ppf(q: float, a: float, b: float) -> float:
         if mid <= lo or mid >= hi:
             break
         if beta_cdf(mid, a, b) < q:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def t_cdf(x: float, df: float) -> float:
+    """CDF of Student's t with ``df`` degrees of freedom (via the regularized incomplete beta)."""
+    if not df > 0:
+        raise ValueError(f"t_cdf: df={df}; must be > 0")
+    if x == 0:
+        return 0.5
+    tail = 0.5 * beta_cdf(df / (df + x * x), df / 2, 0.5)
+    return 1 - tail if x > 0 else tail
+
+
+def t_ppf(q: float, df: float) -> float:
+    """Quantile of Student's t with ``df`` degrees of freedom, by bisection on t_cdf."""
+    q = _prob("t_ppf", "q", q)
+    if q == 0.5:
+        return 0.0
+    if q < 0.5:
+        return -t_ppf(1 - q, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < q:
+        hi *= 2
+        if hi > 1e12:
+            return math.inf
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            break
+        if t_cdf(mid, df) < q:
             lo = mid
         else:
             hi = mid

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.aggregate import task_outcomes
-from harness.core.estimator import cluster_bootstrap, compare_runs, wilson_interval
+from harness.core.estimator import suite_interval, wilson_interval
+from harness.core.paired import compare_runs
 from harness.model.attempt import AttemptRecord
 from harness.model.outcomes import TaskOutcomes
 from harness.model.profile import Profile
@@ -103,7 +104,7 @@ def summarize_profile(res: ProfileResult, ks: list[int], seed: int = 0) -> dict[
         if len(usable) < 1:
             continue
         try:
-            b = cluster_bootstrap(usable, metric, k=None if k == 1 else k, seed=seed)
+            b = suite_interval(usable, metric, k=None if k == 1 else k)
             out["metrics"][key] = {"estimate": b.estimate, "low": b.low, "high": b.high, "n_tasks": b.n_tasks}
         except ValueError as e:
             out["metrics"][key] = {"error": str(e)}

@@ -49,8 +49,8 @@ class KMetrics(_Model):
         "Shown only to contrast with pass_at_k; do not report it as pass@k."
     )
     naive_pass_hat_k: float | None = Field(
-        description="NAIVE, biased: (mean pass@1)^k over the same tasks. Overstates reliability "
-        "when failures cluster by task; shown only to contrast with pass_hat_k."
+        description="NAIVE, biased: (mean pass@1)^k over the same tasks. Understates reliability "
+        "when failures cluster by task (Jensen); shown only to contrast with pass_hat_k."
     )
 
 
@@ -71,6 +71,40 @@ class Interval(NamedTuple):
 
     low: float
     high: float
+
+
+Estimand = Literal["tasks", "suite"]
+ESTIMANDS: dict[str, str] = {
+    "tasks": "over the population of tasks like these (tasks and trials both vary)",
+    "suite": "on this fixed suite of tasks (trial noise only)",
+}
+# Below this many tasks the "tasks like these" interval rests on too few tasks to trust its
+# width; reports warn.
+SMALL_SUITE = 8
+
+
+class SuiteInterval(_Model):
+    """A suite figure with a score (Wilson) interval at an effective sample size.
+
+    n_eff = m(1 - m) / Var(m), where Var(m) is the variance of the suite mean m for the
+    estimand: between-task spread over T tasks ("tasks", t quantile on T - 1 df) or trial
+    noise only ("suite": each task's exact estimator variance under Binomial(n, p), p
+    smoothed as (c + 1/2) / (n + 1), normal quantile). n_eff is capped at (clean trials) / k,
+    so a suite where every task passes every trial still gets a width from its trials."""
+
+    metric: Metric = Field(description="pass@1, pass@k or pass^k.")
+    k: int = Field(ge=1, description="k of the metric (1 for pass@1).")
+    estimand: Estimand = Field(description="tasks: tasks like these; suite: this fixed suite.")
+    estimate: float = Field(description="Mean per-task estimate over the tasks used.")
+    low: float = Field(description="Lower bound.")
+    high: float = Field(description="Upper bound.")
+    conf: float = Field(gt=0, lt=1, description="Two-sided confidence level.")
+    n_tasks: int = Field(ge=1, description="Tasks averaged (n >= k, plus short tasks when counted).")
+    n_eff: float | None = Field(description="Effective sample size of the Wilson interval; null when one task "
+                                "leaves the between-task spread unknown (the interval is then [0, 1]).")
+    excluded: list[str] = Field(description="Tasks with n < k (unmeasured included), not averaged.")
+    counted_short: list[str] = Field(default_factory=list, description="Tasks with 0 < n < k counted at a fixed "
+                                     "value (a gate's worst case) instead of left out.")
 
 
 class BootstrapResult(_Model):
@@ -114,15 +148,23 @@ class TaskDelta(_Model):
 
 
 class SuiteDelta(_Model):
-    """Suite-level change from A to B on the common tasks, with a paired bootstrap interval."""
+    """Suite-level change from A to B on the common tasks, with the interval that inverts
+    the stratified permutation test (see Comparison)."""
 
     metric: Metric = Field(description="pass@1, pass@k or pass^k.")
     k: int = Field(ge=1, description="k of the metric (1 for pass@1).")
     a: float = Field(description="Run A's figure over the tasks used here.")
     b: float = Field(description="Run B's figure over the same tasks.")
     delta: float = Field(description="b - a (mean of per-task deltas).")
-    low: float = Field(description="Lower bound of the paired cluster-bootstrap interval of delta.")
-    high: float = Field(description="Upper bound of the paired cluster-bootstrap interval of delta.")
+    low: float = Field(description="Lower bound of the interval of delta: delta minus the noise floor.")
+    high: float = Field(description="Upper bound of the interval of delta: delta plus the noise floor.")
+    noise_floor: float = Field(ge=0, description="Half-width of the interval: how far delta moves when nothing "
+                               "changed (each task's pooled trials dealt back at random), at the family's "
+                               "max-T critical value. 0 when no task used here can move.")
+    p_value: float = Field(ge=0, le=1, description="Two-sided permutation p-value, adjusted (max-T) for every "
+                           "metric and k in the comparison.")
+    beyond_noise: bool = Field(description="|delta| beyond the noise floor; the same as the interval excluding 0 "
+                               "and as p_value <= 1 - conf.")
     conf: float = Field(gt=0, lt=1, description="Confidence level.")
     n_tasks: int = Field(ge=1, description="Common measured tasks with n >= k in both runs.")
     excluded: list[str] = Field(description="Common measured tasks with n < k in either run.")
@@ -131,17 +173,15 @@ class SuiteDelta(_Model):
 class SignificanceTest(_Model):
     """A paired test of 'A and B have the same per-task pass rate'."""
 
-    method: Literal["mcnemar_exact", "sign_flip_exact", "sign_flip_monte_carlo", "none"] = Field(
-        description="mcnemar_exact when every common task has exactly one trial in both runs; "
-        "otherwise a paired sign-flip permutation test on per-task pass@1 deltas, exact when "
-        "at most 20 tasks have a nonzero delta, else seeded Monte Carlo; none when nothing differs."
+    method: Literal["stratified_permutation", "none"] = Field(
+        description="stratified_permutation: each task's clean trials of A and B pooled and dealt back "
+        "with their sizes (seeded deals), the statistic studentized and max-T adjusted over the family; "
+        "none when no task's pooled trials mix passes and failures (nothing can move)."
     )
-    statistic: float = Field(
-        description="mcnemar: discordant pairs where only B passed; sign-flip: mean per-task pass@1 delta."
-    )
-    p_value: float = Field(ge=0, le=1, description="Two-sided p-value.")
+    statistic: float = Field(description="Mean per-task pass@1 delta (B - A).")
+    p_value: float = Field(ge=0, le=1, description="Two-sided permutation p-value, adjusted for the family.")
     n_informative: int = Field(
-        ge=0, description="Discordant pairs (McNemar) or tasks with a nonzero delta (sign-flip)."
+        ge=0, description="Tasks whose pooled trials mix passes and failures (the only ones that can move)."
     )
     detail: str = Field(description="One line a report can print.")
 
@@ -157,9 +197,15 @@ class Comparison(_Model):
     )
     per_task: list[TaskDelta] = Field(description="Per-task deltas, in run A's order.")
     suite: list[SuiteDelta] = Field(
-        description="pass@1, then pass@k and pass^k for each k >= 2, with paired bootstrap intervals."
+        description="pass@1, then pass@k and pass^k for each k >= 2: the family tested together."
     )
-    test: SignificanceTest = Field(description="Paired significance test on pass@1.")
+    test: SignificanceTest = Field(description="The pass@1 member of the family, as one line.")
+    n_perm: int = Field(ge=0, description="Seeded deals drawn.")
+    seed: int = Field(description="Seed of the deals; same runs and seed, same p-values.")
+    conf: float = Field(gt=0, lt=1, description="Confidence level of the intervals (alpha = 1 - conf).")
+    best_p: float = Field(ge=0, le=1, description="The smallest pass@1 p-value any outcome of these tasks and "
+                          "trial counts could give (before adjustment); above alpha, no difference here can be "
+                          "significant, however large.")
 
 
 class DriftResult(_Model):

@@ -46,13 +46,18 @@ class ReportIdentity(RunIdentity):
 
 
 class Interval(_M):
-    """A suite figure with its 95% percentile cluster-bootstrap interval over tasks."""
+    """A suite figure with its two 95% intervals (harness.core.estimator.suite_interval)."""
 
     estimate: float = Field(..., description="The figure on the measured tasks.")
-    low: float = Field(..., description="Lower bound.")
-    high: float = Field(..., description="Upper bound.")
-    n_tasks: int = Field(..., description="Tasks resampled (those with n >= k).")
-    excluded: list[str] = Field(default_factory=list, description="Tasks left out because n < k.")
+    low: float = Field(..., description="Lower bound over the population of tasks like these (tasks and trials vary).")
+    high: float = Field(..., description="Upper bound over the population of tasks like these.")
+    suite_low: float = Field(..., description="Lower bound on this fixed suite (trial noise only).")
+    suite_high: float = Field(..., description="Upper bound on this fixed suite (trial noise only).")
+    n_eff: float | None = Field(None, description="Effective sample size of the 'tasks like these' interval (null: one task).")
+    n_tasks: int = Field(..., description="Tasks averaged (those with n >= k).")
+    excluded: list[str] = Field(default_factory=list, description="Tasks left out because n < k (unmeasured included).")
+    short: list[str] = Field(default_factory=list, description="Measured tasks with 0 < n < k, left out of this k.")
+    sensitivity: float | None = Field(None, description="The figure with the short tasks counted as 0 (present when there are any).")
     se_clustered: float | None = Field(None, description="pass@1 only: standard error clustered by task.")
 
 

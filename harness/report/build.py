@@ -17,12 +17,14 @@ from urllib.parse import urlsplit, urlunsplit
 from harness.core.aggregate import SlotView, outcomes_of, slot_views
 from harness.core.envelope import ENVELOPE_FACTS, envelope_differences, node_name
 from harness.core.estimator import (
+    ESTIMANDS,
+    SMALL_SUITE,
     TaskOutcomes,
     buckets,
-    cluster_bootstrap,
     clustered_se_pass1,
     drift_test,
     overdispersion_test,
+    suite_interval,
     suite_metrics,
     wilson_interval,
 )
@@ -103,15 +105,21 @@ def identity_data(run: RunRecord) -> dict[str, Any]:
             "agent_name": getattr(run, "agent_name", "") or "", "secrets": list(getattr(run, "secrets", None) or [])}
 
 
-def _ci(res: Any) -> dict[str, Any]:
-    return {"estimate": res.estimate, "low": res.low, "high": res.high, "n_tasks": res.n_tasks, "excluded": list(res.excluded)}
-
-
-def _boot(outs: list[TaskOutcomes], metric: str, k: int, seed: int, n_boot: int) -> dict[str, Any] | None:
+def _boot(outs: list[TaskOutcomes], metric: str, k: int, seed: int = 0, n_boot: int = 0) -> dict[str, Any] | None:
+    """The figure with both intervals (tasks like these; this suite), the tasks short of k,
+    and the figure with those counted as 0 (so rows at different k can be read side by side)."""
     try:
-        return _ci(cluster_bootstrap(outs, metric, k=k, n_boot=n_boot, seed=seed, conf=CONF))  # type: ignore[arg-type]
+        tasks = suite_interval(outs, metric, k=k, conf=CONF)  # type: ignore[arg-type]
+        fixed = suite_interval(outs, metric, k=k, conf=CONF, estimand="suite")  # type: ignore[arg-type]
     except ValueError:  # no task with n >= k: the figure cannot be computed
         return None
+    short = [t.task_id for t in outs if 0 < t.n < k]
+    out = {"estimate": tasks.estimate, "low": tasks.low, "high": tasks.high,
+           "suite_low": fixed.low, "suite_high": fixed.high, "n_eff": tasks.n_eff,
+           "n_tasks": tasks.n_tasks, "excluded": list(tasks.excluded), "short": short}
+    if short:
+        out["sensitivity"] = tasks.estimate * tasks.n_tasks / (tasks.n_tasks + len(short))
+    return out
 
 
 def _hypergeom_sf(x: int, total: int, marked: int, drawn: int) -> float:
@@ -186,7 +194,7 @@ def build_report(
 
     ``k`` is the gate's k (JUnit fails a task whose pass^k < 1); default the largest k of
     the run. Raises ValueError when ``k`` was not measured in the run. ``seed`` seeds the
-    cluster bootstrap and the drift permutations, so the same attempts give the same report.
+    drift permutations, so the same attempts give the same report.
     ``prices`` (model -> USD per million input/output/cached tokens, see
     ``harness.report.prices``) prices the model calls; without it every cost is null.
     ``late`` counts the records of attempts presumed lost that arrived afterwards (the store's).
@@ -312,9 +320,11 @@ def build_report(
         "by_k": by_k,
         "method": {
             "aggregation": "mean over tasks of per-task unbiased estimates (never mean(p)^k)",
-            "ci": f"{CONF:.0%} percentile cluster bootstrap over tasks",
-            "n_boot": n_boot,
-            "seed": seed,
+            "ci": f"{CONF:.0%} Wilson score interval at the effective sample size (design effect), "
+                  "n_eff capped at clean trials / k",
+            "estimands": {"low/high": ESTIMANDS["tasks"] + "; t on tasks - 1 df",
+                          "suite_low/suite_high": ESTIMANDS["suite"] + "; each task's binomial variance"},
+            "short": "tasks with fewer than k clean trials are left out of that k; 'sensitivity' counts them as 0",
             "se": "clustered by task (pass@1)",
             "naive": "mean(pass@1)^k over the same tasks -- biased, shown only for contrast",
         },
@@ -357,6 +367,12 @@ def build_report(
         warnings.append(w)
     if pending:
         warnings.append(f"{len(pending)} slot(s) never ran (run interrupted?); they are not scored")
+    if 0 < len(measured) < SMALL_SUITE:
+        warnings.append(f"only {len(measured)} measured task(s): the 'tasks like these' interval rests on fewer than "
+                        f"{SMALL_SUITE} tasks and says little about tasks beyond them; read the 'this suite' interval for these tasks only")
+    if any(b["k"] > run.trials / 2 for b in by_k):
+        warnings.append(f"the 'this suite' interval under-covers for k > trials/2 (here k up to {max(b['k'] for b in by_k)} "
+                        f"of {run.trials} trials): pass@k barely moves from a task's count, so its trial noise is understated")
     not_run = dict(getattr(run, "excluded", None) or {})
     if not_run:
         listed = "; ".join(f"{t}: {why.splitlines()[0][:160]}" for t, why in sorted(not_run.items())[:10])

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from harness.core.aggregate import task_outcomes
 from harness.core.envelope import envelope_differences
-from harness.core.estimator import compare_runs
+from harness.core.paired import aa_floor, compare_runs
 from harness.model.attempt import AttemptRecord
 from harness.model.run import RunRecord
 from harness.report.build import identity_data, run_ks
@@ -33,10 +33,30 @@ def identity_differences(a: RunRecord, b: RunRecord, attempts_a: Iterable[Attemp
     return blocking, warns
 
 
+def aa_pairs(run_a: RunRecord, others: Iterable[tuple[RunRecord, list[AttemptRecord]]], attempts_a: list[AttemptRecord]) -> dict[str, Any] | None:
+    """The empirical A/A floor: |Δ pass@1| between stored complete runs with run A's identity
+    (nothing changed but the seed), over the same tasks and trials as A; None without a pair."""
+    same = [(run_a, attempts_a)] + [(r, a) for r, a in others
+                                    if r.id != run_a.id and r.status == "complete" and r.identity_hash == run_a.identity_hash
+                                    and r.trials == run_a.trials and sorted(r.task_ids) == sorted(run_a.task_ids)]
+    rates = []
+    for r, atts in same[:12]:
+        outs = [t for t in task_outcomes(r, atts) if t.n > 0]
+        rates.append({t.task_id: t.c / t.n for t in outs})
+    deltas = []
+    for i in range(len(rates)):
+        for j in range(i + 1, len(rates)):
+            common = sorted(set(rates[i]) & set(rates[j]))
+            if common:
+                deltas.append(sum(rates[j][t] - rates[i][t] for t in common) / len(common))
+    return aa_floor(deltas)
+
+
 def build_comparison(run_a: RunRecord, attempts_a: Iterable[AttemptRecord], run_b: RunRecord, attempts_b: Iterable[AttemptRecord], *,
-                     seed: int = 0) -> dict[str, Any]:
+                     seed: int = 0, stored: Iterable[tuple[RunRecord, list[AttemptRecord]]] = ()) -> dict[str, Any]:
     """Paired comparison of run A (baseline) and run B (candidate), deltas B - A, as plain data.
 
+    ``stored``: other runs (with their attempts) to look for A/A pairs in (see aa_pairs).
     Raises ValueError when the runs share no task measured in both.
     """
     attempts_a, attempts_b = list(attempts_a), list(attempts_b)
@@ -46,6 +66,14 @@ def build_comparison(run_a: RunRecord, attempts_a: Iterable[AttemptRecord], run_
     marks_a = {t.task_id: t.marks() for t in oa}
     marks_b = {t.task_id: t.marks() for t in ob}
     blocking, warns = identity_differences(run_a, run_b, attempts_a, attempts_b)
+    if run_a.seed != run_b.seed:
+        warns.append(f"seed differs: A {run_a.seed} vs B {run_b.seed} (the agent's seeds differ too; per-task deltas "
+                     "include that change)")
+    alpha = 1 - cmp.conf
+    cannot = None
+    if cmp.best_p > alpha:
+        cannot = (f"no outcome of these {cmp.n_common} task(s) at these trial counts can be significant at {alpha:g}: even the "
+                  f"most extreme one gives p ≥ {cmp.best_p:.2g} -- add tasks or trials before reading Δ")
     per_task = []
     for d in cmp.per_task:
         per_task.append(
@@ -76,4 +104,9 @@ def build_comparison(run_a: RunRecord, attempts_a: Iterable[AttemptRecord], run_
         "per_task": per_task,
         "suite": suite,
         "test": cmp.test.model_dump(mode="json"),
+        "n_perm": cmp.n_perm,
+        "seed": cmp.seed,
+        "best_p": cmp.best_p,
+        "cannot_be_significant": cannot,
+        "aa_pairs": aa_pairs(run_a, stored, attempts_a),
     }

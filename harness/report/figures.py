@@ -1,6 +1,6 @@
 """Figures for the HTML report (plotly, bundled inline so the page works offline).
 
-- pass@k and pass^k against k, with cluster-bootstrap intervals;
+- pass@k and pass^k against k, with their "tasks like these" intervals;
 - the task x trial grid of outcomes coloured by failure kind, discarded attempts marked;
 - distributions across attempts of throttled share, memory peak / ceiling, foreign CPU;
 - for a sweep: score against envelope.
@@ -57,7 +57,7 @@ def _div(fig: go.Figure, div_id: str) -> str:
 
 
 def fig_pass_vs_k(report: dict[str, Any]) -> go.Figure | None:
-    """pass@k and pass^k against k with their bootstrap intervals, naive (p̄)^k dashed."""
+    """pass@k and pass^k against k with their "tasks like these" intervals, naive (p̄)^k dashed."""
     suite = report["suite"]
     p1 = suite.get("pass@1") or {}
     if p1.get("estimate") is None:
@@ -80,7 +80,7 @@ def fig_pass_vs_k(report: dict[str, Any]) -> go.Figure | None:
             )
         )
     fig.add_trace(go.Scatter(x=ks, y=naive, name="naive (mean pass@1)^k — biased", mode="lines", line=dict(color="#c62828", dash="dot")))
-    fig.update_layout(title="pass@k and pass^k against k (95% cluster-bootstrap CI over tasks)", xaxis_title="k", yaxis_title="score", yaxis=dict(range=[0, 1.05]), xaxis=dict(tickvals=ks))
+    fig.update_layout(title="pass@k and pass^k against k (95% CI over tasks like these)", xaxis_title="k", yaxis_title="score", yaxis=dict(range=[0, 1.05]), xaxis=dict(tickvals=ks))
     return fig
 
 

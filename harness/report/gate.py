@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.core.estimator import TaskOutcomes, suite_metrics
+from harness.core.estimator import ESTIMANDS, TaskOutcomes, suite_interval, suite_metrics
 
 _REQ = re.compile(r"^\s*pass\s*(?P<sym>[@^])\s*(?P<k>\d+)\s*(?P<op>>=|<=|==|>|<)\s*(?P<v>[0-9]*\.?[0-9]+)\s*$")
 _NEG = {">=": "<", ">": "<=", "<=": ">", "<": ">=", "==": "!="}
@@ -92,9 +92,10 @@ class GateCheck:
     ok: bool
     message: str
     details: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "message": self.message, "details": self.details}
+        return {"name": self.name, "ok": self.ok, "message": self.message, "details": self.details, **self.data}
 
 
 def _task_value(req: Requirement, t: TaskOutcomes) -> float | None:
@@ -105,22 +106,49 @@ def _task_value(req: Requirement, t: TaskOutcomes) -> float | None:
     return m.pass1 if req.k == 1 else (m.pass_at_k if req.sym == "@" else m.pass_hat_k)[req.k]
 
 
-def check_requirement(req: Requirement, tasks: list[TaskOutcomes]) -> GateCheck:
-    """Suite-level requirement: mean over tasks with n >= k of the per-task estimate."""
-    vals = [(t.task_id, _task_value(req, t)) for t in tasks]
-    used = [v for _, v in vals if v is not None]
-    excluded = [tid for tid, v in vals if v is None]
-    if not used:
+def check_requirement(req: Requirement, tasks: list[TaskOutcomes], confidence: float | None = None,
+                      estimand: str = "tasks") -> GateCheck:
+    """Suite-level requirement: mean over tasks of the per-task estimate.
+
+    Tasks with 0 < n < k cannot give the figure; they count at their worst for the
+    requirement (0 for >= and >, 1 for <= and <), so a task that failed its only trials
+    cannot drop out and lift the mean. With ``confidence``, the gate holds only if the
+    one-sided bound at that confidence (lower for >=/>, upper for <=/<) meets the value,
+    for the chosen estimand (tasks like these, or this suite)."""
+    metric = "pass@1" if req.k == 1 else ("pass@k" if req.sym == "@" else "pass^k")
+    short = [t.task_id for t in tasks if 0 < t.n < req.k]
+    if not any(t.n >= req.k for t in tasks):
         return GateCheck(
             req.text, False,
             f"{req.metric} cannot be computed: no task has {req.k} clean trial(s) "
             f"({len(tasks)} task(s), all unmeasured or short of k) -- that is a failure, not a pass",
         )
-    v = math.fsum(used) / len(used)
+    worst = 0.0 if req.op in (">=", ">", "==") else 1.0
+    two_sided = None if confidence is None else 2 * confidence - 1
+    iv = suite_interval(tasks, metric, k=req.k, conf=two_sided if two_sided and two_sided > 0 else 0.5,  # type: ignore[arg-type]
+                        estimand=estimand, short_as=worst if short else None)
+    est = iv.estimate
+    if confidence is None:
+        v, used = est, "the point estimate"
+    elif req.op in (">=", ">"):
+        v, used = iv.low, f"the {confidence:.0%} lower bound ({ESTIMANDS[estimand]}; estimate {est:.3f})"
+    elif req.op in ("<=", "<"):
+        v, used = iv.high, f"the {confidence:.0%} upper bound ({ESTIMANDS[estimand]}; estimate {est:.3f})"
+    else:
+        v, used = est, "the point estimate (== has no one-sided bound)"
     ok = req.holds(v)
-    msg = req.describe(v) + f" over {len(used)} task(s)"
-    details = [f"{len(excluded)} task(s) with fewer than {req.k} clean trials left out: {', '.join(excluded)}"] if excluded else []
-    return GateCheck(req.text, ok, msg, details)
+    msg = req.describe(v) + f" over {iv.n_tasks} task(s), judged on {used}"
+    details = []
+    if short:
+        details.append(f"{len(short)} task(s) with fewer than {req.k} clean trials counted at their worst ({worst:g}): {', '.join(short)}")
+    unmeasured = [t.task_id for t in tasks if t.n == 0]
+    if unmeasured:
+        details.append(f"{len(unmeasured)} unmeasured task(s) in no figure: {', '.join(unmeasured)}")
+    check = GateCheck(req.text, ok, msg, details)
+    check.data = {"metric": req.metric, "value": v, "estimate": est, "bound": None if confidence is None else v,
+                  "confidence": confidence, "estimand": estimand if confidence is not None else None,
+                  "n_tasks": iv.n_tasks, "short": short, "unmeasured": unmeasured}
+    return check
 
 
 def check_per_task(req: Requirement, share: float, tasks: list[TaskOutcomes], text: str) -> GateCheck:

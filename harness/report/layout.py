@@ -162,22 +162,28 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
     p1 = s["pass@1"]
     if p1:
         se = p1.get("se_clustered")
-        srows.append(["pass@1", f3(p1["estimate"]), fci(p1["low"], p1["high"]), "–", f"SE {f3(se)} (clustered by task)" if se is not None else "SE – (needs 2 measured tasks)", str(p1["n_tasks"])])
+        srows.append(["pass@1", f3(p1["estimate"]), fci(p1["low"], p1["high"]), fci(p1["suite_low"], p1["suite_high"]), "–",
+                      f"SE {f3(se)} (clustered by task)" if se is not None else "SE – (needs 2 measured tasks)", str(p1["n_tasks"])])
     else:
-        srows.append(["pass@1", "–", "–", "–", "no measured task", "0"])
+        srows.append(["pass@1", "–", "–", "–", "–", "no measured task", "0"])
     for b in s["by_k"]:
         k = b["k"]
         for name, naive in ((f"pass@{k}", b["naive_pass@k"]), (f"pass^{k}", b["naive_pass^k"])):
             v = b["pass@k"] if name.startswith("pass@") else b["pass^k"]
             naive_label = f"1−(1−mean p)^{k}" if name.startswith("pass@") else f"mean(p)^{k}"
             if v is None:
-                srows.append([name, "–", "–", "–", f"no task has {k} clean trials", "0"])
+                srows.append([name, "–", "–", "–", "–", f"no task has {k} clean trials", "0"])
             else:
-                srows.append([name, f3(v["estimate"]), fci(v["low"], v["high"]), f"{f3(naive)} ({naive_label})", "", str(v["n_tasks"])])
+                note = ""
+                if v.get("short"):
+                    note = (f"{len(v['short'])} task(s) with fewer than {k} clean trials left out ({', '.join(v['short'][:4])}"
+                            f"{', …' if len(v['short']) > 4 else ''}); {f3(v['sensitivity'])} counting them as 0")
+                srows.append([name, f3(v["estimate"]), fci(v["low"], v["high"]), fci(v["suite_low"], v["suite_high"]),
+                              f"{f3(naive)} ({naive_label})", note, str(v["n_tasks"])])
     suite_tbl = TableBlock(
-        columns=["metric", "value", f"{conf} CI", "naive (biased)", "note", "tasks"],
+        columns=["metric", "value", f"{conf} CI, tasks like these", f"{conf} CI, this suite", "naive (biased)", "note", "tasks"],
         rows=srows,
-        align=["l", "r", "r", "r", "l", "r"],
+        align=["l", "r", "r", "r", "r", "l", "r"],
     )
     sections.append(
         Section(
@@ -187,8 +193,11 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
                 suite_tbl,
                 TextBlock(
                     [
-                        f"Values are means over tasks of per-task unbiased estimates; CIs are {conf} cluster-bootstrap "
-                        f"intervals over tasks ({s['method']['n_boot']} replicates, seed {s['method']['seed']}). "
+                        "Values are means over tasks of per-task unbiased estimates. Two intervals answer two questions: "
+                        "'tasks like these' is over the population of tasks this suite samples (tasks and trials both vary: "
+                        "quote it for the agent); 'this suite' is on these fixed tasks, trial noise only (use it to ask whether "
+                        "a change beat noise on this suite). Both are Wilson score intervals at the effective sample size, "
+                        "capped at clean trials / k. "
                         "The naive column is mean(pass@1)^k -- a shortcut that ignores how failures spread over tasks "
                         "(when they cluster by task it understates pass^k; when they spread evenly it is close); "
                         "it is labeled naive and is not the suite's pass^k.",
@@ -385,17 +394,28 @@ def comparison_sections(c: dict[str, Any]) -> list[Section]:
     if notes:
         secs.append(Section("identity", "Identity differences", [TextBlock(notes, style="warn")]))
     srows = [
-        [s["metric"], f3(s["a"]), f3(s["b"]), f"{s['delta']:+.3f}", fci(s["low"], s["high"]), str(s["n_tasks"])]
+        [s["metric"], f3(s["a"]), f3(s["b"]), f"{s['delta']:+.3f}", f"±{f3(s['noise_floor'])}", fci(s["low"], s["high"]),
+         f"{s['p_value']:.3g}", "beyond noise" if s["beyond_noise"] else "within noise", str(s["n_tasks"])]
         for s in c["suite"]
     ]
     t = c["test"]
+    lines = [f"paired test ({t['method']}): {t['detail']}",
+             "noise floor: how far Δ moves on these tasks and trial counts when nothing changed (each task's pooled "
+             "trials dealt back at random); Δ beyond it ⇔ the CI excludes 0 ⇔ adjusted p ≤ 0.05"]
+    if c.get("cannot_be_significant"):
+        lines.append(c["cannot_be_significant"])
+    aa = c.get("aa_pairs")
+    if aa:
+        lines.append(f"stored A/A pairs (runs with A's identity, nothing changed but the seed): {aa['pairs']} pair(s), "
+                     f"largest |Δ pass@1| {f3(aa['max_abs_delta'])}, rms {f3(aa['rms_delta'])}")
     secs.append(
         Section(
             "suite",
             "Suite (B − A, common tasks)",
             [
-                TableBlock(["metric", "A", "B", "Δ", "95% CI of Δ (paired bootstrap)", "tasks"], srows, align=["l", "r", "r", "r", "r", "r"]),
-                TextBlock([f"paired test ({t['method']}): {t['detail']}"]),
+                TableBlock(["metric", "A", "B", "Δ", "noise floor", "95% CI of Δ", "adj. p", "", "tasks"], srows,
+                           align=["l", "r", "r", "r", "r", "r", "r", "l", "r"]),
+                TextBlock(lines),
             ],
         )
     )

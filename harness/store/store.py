@@ -299,6 +299,11 @@ class Store:
     def runs_before(self, cutoff: dt.datetime) -> list[RunRecord]:
         return self._run_records(self._select(RunRow).where(RunRow.created_at < cutoff).order_by(RunRow.created_at))
 
+    def runs_with_identity(self, identity_hash: str, limit: int = 12) -> list[RunRecord]:
+        """Runs with this identity hash (nothing changed but the seed), newest first."""
+        return self._run_records(self._select(RunRow).where(RunRow.identity_hash == identity_hash)
+                                 .order_by(RunRow.created_at.desc()).limit(limit))
+
     def runs_with_status(self, status: str) -> list[RunRecord]:
         return self._run_records(self._select(RunRow).where(RunRow.status == status).order_by(RunRow.created_at))
 
