@@ -12,7 +12,7 @@ K ?=
 REQUIRE ?= pass^4>=0.9
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv engine engine-stop images browser compose postgres demo test test-fast lint bench schemas eval gate clean
+.PHONY: help setup venv engine engine-stop images suite-images browser compose postgres demo test test-fast lint bench schemas eval gate clean
 
 help:
 	@echo "make demo      set up (venv, engine, images) and run the refunds suite"
@@ -82,10 +82,15 @@ schemas: venv
 
 RUN_ARGS = --suite $(SUITE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(TRIALS),--trials $(TRIALS)) $(if $(K),--k $(K))
 
-eval: setup
+# the suite's own images (a suite directory of yours: `make eval SUITE=./mine`); built-in
+# suites are already built by `images`, so this is a no-op for them (inputs unchanged)
+suite-images: setup
+	@$(HARNESS) images build --suite $(SUITE)
+
+eval: suite-images
 	$(HARNESS) run $(RUN_ARGS)
 
-gate: setup
+gate: suite-images
 	@set -o pipefail; run_id=$$($(HARNESS) run $(RUN_ARGS) --json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)["run_id"])') && \
 	$(HARNESS) gate $$run_id $(foreach r,$(REQUIRE),--require '$(r)')
 

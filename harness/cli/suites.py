@@ -71,11 +71,13 @@ def show(
     from harness.engine.suites import load_suite
 
     s = load_suite(name)
+    misfit = _misfits(s)
     if json_out:
         print(json.dumps({"name": s.name, "format": s.format, "tasks": [
             {"id": t.id, "title": t.title, "tags": list(t.tags), "state": t.state_kind, "grader": t.grader_kind,
              "image": t.image or s.image, "services": [x.name for x in (*s.services, *t.services)],
-             "envelope": t.envelope.model_dump(exclude_none=True) if t.envelope else {}} for t in s.tasks],
+             "envelope": t.envelope.model_dump(exclude_none=True) if t.envelope else {},
+             **({"envelope_error": misfit[t.id]} if t.id in misfit else {})} for t in s.tasks],
             "refused": dict(s.refused),
             "agents": {"default": list(s.agent_cmd or []),
                        **{n: a.model_dump(mode="json") for n, a in s.agents.items()}}, "secrets": list(s.secrets)}, indent=2))
@@ -86,7 +88,10 @@ def show(
     for task in s.tasks:
         ov = task.envelope.model_dump(exclude_none=True) if task.envelope else {}
         svcs = ", ".join(x.name for x in (*s.services, *task.services)) + (" db" if task.state_kind == "postgres" else "")
-        t.add_row(task.id, Text(task.title[:70]), f"{task.state_kind} / {task.grader_kind}", svcs.strip(), _envelope_text(ov))
+        env = Text(_envelope_text(ov))
+        if task.id in misfit:
+            env.append(("\n" if ov else "") + misfit[task.id], style="red")
+        t.add_row(task.id, Text(task.title[:70]), f"{task.state_kind} / {task.grader_kind}", svcs.strip(), env)
     for tid, why in sorted(s.refused.items()):
         t.add_row(tid, Text(why.splitlines()[0][:200], style="red"), "cannot run here", "", "")
     console.print(t)
@@ -97,6 +102,25 @@ def show(
         console.print(Text("agents  " + "   ".join(agents)), highlight=False)
     if s.secrets:
         console.print(Text(f"secrets (by name, held by the model gateway): {', '.join(s.secrets)}"), highlight=False)
+
+
+def _misfits(s: Any) -> dict[str, str]:
+    """Task id -> why its [envelope] does not fit the suite's default profile (a run would refuse it)."""
+    from harness.engine.prepare import effective_profile
+    from harness.engine.profiles import load_profile
+    from harness.model.errors import HarnessError
+
+    try:
+        profile = load_profile(s.profile)
+    except HarnessError as e:
+        return {t.id: f"profile {s.profile!r}: {e}" for t in s.tasks}
+    out = {}
+    for t in s.tasks:
+        try:
+            effective_profile(profile, t, True)
+        except HarnessError as e:
+            out[t.id] = str(e).split(": ", 1)[-1]
+    return out
 
 
 def _envelope_text(ov: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from harness.engine import agents
 from harness.engine.taskimages import build_task_images
-from harness.model.errors import NothingToRun, RunError
+from harness.model.errors import NothingToRun, ProfileError, RunError
 from harness.model.profile import Profile
 from harness.model.suite import Suite, Task
 from harness.model.state import VerifierGraderSpec
@@ -40,7 +40,14 @@ class Prepared:
 
 def effective_profile(profile: Profile, task: Task, task_overrides: bool, adjustment: dict[str, Any] | None = None) -> Profile:
     """The envelope one task's attempts run under."""
-    p = profile.with_override(task.envelope) if task_overrides else profile
+    try:
+        p = profile.with_override(task.envelope) if task_overrides else profile
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        where = task.source or f"task {task.id}"
+        first = str(e).splitlines()
+        detail = "; ".join(x.strip() for x in first[1:3]) if len(first) > 1 else str(e)
+        raise ProfileError(f"{where}: [envelope] does not fit profile {profile.name!r}: {detail} -- change the task's "
+                           "[envelope] or run with another --profile") from None
     if adjustment:
         p = Profile.model_validate({**p.model_dump(), **adjustment})
     return p

@@ -297,6 +297,11 @@ def check_tasks(files: SuiteFiles, spec: SuiteSpec, tasks: list[Task], problems:
             if task.image is None and spec.image is None:
                 problems.append(f"{src}: image: the task names no image and {SUITE_FILE} has none")
                 good = False
+            if task.grader_kind == "expectations" and not task.expect and not task.unchanged:
+                problems.append(f"{src}: no expectations: add [[expect]] entries (what the final state must hold), or list in "
+                                "`unchanged` what must stay as the fixture left it (a task whose answer is to change nothing); "
+                                "with neither, an agent that does nothing passes")
+                good = False
             if task.solution is not None and not files.check(task.solution, src, "solution", problems, "file or directory"):
                 good = False
             if good:

@@ -118,6 +118,15 @@ class RunUsage(Usage):
     unpriced_models: list[str] = Field(default_factory=list, description="Models called that the price table has no price for.")
 
 
+class FailedTrial(_M):
+    """A clean trial that failed: which attempt, how, and the grader's one-line reason."""
+
+    slot: int
+    attempt_id: int | None = Field(None, description="`harness show ID` opens it.")
+    failure_kind: str = Field("", description="wrong_state, crashed, timeout, ...")
+    reason: str = Field("", description="The grader's first failing check (or the error), capped at 300 characters.")
+
+
 class TaskRow(_M):
     """One task: its slots, counts and per-task estimates."""
 
@@ -141,6 +150,7 @@ class TaskRow(_M):
     pending: int = Field(0, description="Slots not finished.")
     wall_s: float = Field(0.0, description="Wall seconds of every attempt of the task.")
     usage: Usage | None = Field(None, description="Model calls, tokens, upstream errors, waiting time and cost (null: no gateway).")
+    failed_trials: list[FailedTrial] = Field(default_factory=list, description="The clean failing trials, with the grader's reason.")
 
 
 class KFigures(_M):

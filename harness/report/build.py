@@ -283,6 +283,11 @@ def build_report(
                 "pending": len(t.pending),
                 "wall_s": round(sum(float(a.wall_s or 0.0) for s in slots for a in s.attempts), 3),
                 "usage": usage_of(by_task_attempts.get(t.task_id, []), scored, prices),
+                "failed_trials": [
+                    {"slot": s.slot, "attempt_id": s.clean.id, "failure_kind": s.clean.failure_kind or "",
+                     "reason": (s.clean.grade_reason or s.clean.error or "")[:300]}
+                    for s in slots if s.clean is not None and s.clean.outcome != "pass"
+                ],
             }
         )
     rows.sort(key=lambda r: _sort_key(r, gate_k))

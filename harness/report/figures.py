@@ -191,7 +191,7 @@ def fig_sweep(sweep_rows: Sequence[dict[str, Any]], ks: Sequence[int]) -> go.Fig
     fig.add_trace(go.Bar(x=names, y=[r["timeouts"] + r["oom_killed"] for r in sweep_rows], name="timeouts + OOM kills", yaxis="y2", marker_color="#bdbdbd", opacity=0.5))
     fig.update_layout(
         title="score against envelope (same tasks, same seeds)", xaxis_title="envelope (starved → generous)",
-        yaxis=dict(title="score", range=[0, 1.05]), yaxis2=dict(title="envelope failures", overlaying="y", side="right", rangemode="tozero"),
+        yaxis=dict(title="score", range=[0, 1.05]), yaxis2=dict(title="envelope failures", overlaying="y", side="right", rangemode="tozero", tickformat="d", dtick=max(1, -(-max([r["timeouts"] + r["oom_killed"] for r in sweep_rows] or [0]) // 5))),
         legend=dict(orientation="h", y=-0.2), height=380,
     )
     return fig

@@ -254,16 +254,14 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
     dblocks: list[Any] = [TextBlock(dlines)]
     if d["by_task"]:
         flagged = {b["task"] for b in d["selection_bias"]}
-        dblocks.append(
-            TableBlock(
-                ["task", "discarded", "attempts", "rate", "reasons", ""],
-                [
-                    [t, str(v["discarded"]), str(v["attempts"]), f"{v['discarded'] / v['attempts']:.0%}", counts_text(v["reasons"]), "selection-bias risk" if t in flagged else ""]
-                    for t, v in sorted(d["by_task"].items(), key=lambda kv: (-kv[1]["discarded"] / kv[1]["attempts"], kv[0]))
-                ],
-                align=["l", "r", "r", "r", "l", "l"],
-            )
-        )
+        drows = [
+            [t, str(v["discarded"]), str(v["attempts"]), f"{v['discarded'] / v['attempts']:.0%}", counts_text(v["reasons"]), "selection-bias risk" if t in flagged else ""]
+            for t, v in sorted(d["by_task"].items(), key=lambda kv: (-kv[1]["discarded"] / kv[1]["attempts"], kv[0]))
+        ]
+        cols, align = ["task", "discarded", "attempts", "rate", "reasons", "flag"], ["l", "r", "r", "r", "l", "l"]
+        if not flagged:  # no empty trailing column
+            cols, align, drows = cols[:-1], align[:-1], [row[:-1] for row in drows]
+        dblocks.append(TableBlock(cols, drows, align=align))
     sections.append(Section("discards", "Discarded attempts", dblocks))
 
     # ---- model usage (only for a run whose attempts went through a model gateway)

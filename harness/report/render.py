@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from harness.report.build import counts_text, ks_text
 from harness.report.layout import HtmlBlock, Section, TableBlock, TextBlock, comparison_sections, f3, failures_text, fci, report_sections
 from harness.report.usage import cost_text, errors_text, tokens_text
+from harness.report.views import printable
 
 def render_table(report: dict[str, Any]) -> Any:
     """The report as rich renderables (a ``rich.console.Group``) for a terminal."""
@@ -199,6 +200,8 @@ def render_junit(report: dict[str, Any]) -> str:
             f"pass@1 = {f3(t['pass1'])}, {metric} = {f3(v)}",
             f"failure kinds: {fk or 'none'}",
         ]
+        for f in t.get("failed_trials") or []:
+            detail.append(f"trial {f['slot']} ({f['failure_kind'] or 'fail'}, attempt {f['attempt_id']}): {printable(f['reason']) or '–'}")
         if t["unmeasured"]:
             detail.append("unmeasured slots: " + "; ".join(f"trial {u['slot']} ({', '.join(u['reasons'])})" for u in t["unmeasured"]))
         if t["discarded"]:
@@ -213,6 +216,9 @@ def render_junit(report: dict[str, Any]) -> str:
         elif v < 1.0 - 1e-12:
             failures += 1
             msg = f"{metric} = {f3(v)} < 1: {t['marks']}" + (f" ({fk})" if fk else "")
+            first = next((f for f in t.get("failed_trials") or [] if f["reason"]), None)
+            if first:
+                msg += f"; trial {first['slot']}: {printable(first['reason'])[:200]}"
             ET.SubElement(tc, "failure", message=msg, type=metric).text = "\n".join(detail)
         cases.append(tc)
     root = ET.Element("testsuites", name="harness", tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors="0", time=f"{total_time:.3f}")
