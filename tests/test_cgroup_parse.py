@@ -241,7 +241,7 @@ def test_locate_v2_cgroupfs():
     d = cg("v2_cgroupfs", f"docker/{V2_ID}")
     assert at("v2_cgroupfs") == CgroupPaths(
         version=2, driver="cgroupfs", cgroup_path=f"/docker/{V2_ID}",
-        cpu=d, cpuacct=d, cpuset=d, memory=d, pids=d, unified=d,
+        cpu=d, cpuacct=d, cpuset=d, memory=d, pids=d, unified=d, blkio=d,
     )
 
 
@@ -249,7 +249,7 @@ def test_locate_v2_systemd():
     d = cg("v2_systemd", f"system.slice/docker-{SD_ID}.scope")
     assert at("v2_systemd") == CgroupPaths(
         version=2, driver="systemd", cgroup_path=f"/system.slice/docker-{SD_ID}.scope",
-        cpu=d, cpuacct=d, cpuset=d, memory=d, pids=d, unified=d,
+        cpu=d, cpuacct=d, cpuset=d, memory=d, pids=d, unified=d, blkio=d,
     )
 
 
@@ -281,7 +281,7 @@ def test_locate_v2_nested_mount_root():
     d = cg("v2_nested", f"docker/{INNER2}")
     assert at("v2_nested") == CgroupPaths(
         version=2, driver="cgroupfs", cgroup_path=f"/docker/{OUTER2}/docker/{INNER2}",
-        cpu=d, cpuacct=d, cpuset=d, memory=d, pids=d, unified=d,
+        cpu=d, cpuacct=d, cpuset=d, memory=d, pids=d, unified=d, blkio=d,
     )
 
 

@@ -104,7 +104,7 @@ def test_kill_9_then_resume_fills_every_slot_exactly_once(docker_client, tmp_pat
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_removes_containers_fast_and_run_is_resumable(docker_client, tmp_path, sig):
     db = tmp_path / "h.db"
-    p = start(tmp_path, "run", "--suite", PROBE, "--trials", "6", "--max-reruns", "20", "--db", f"sqlite:///{db}")
+    p = start(tmp_path, "run", "--suite", PROBE, "--trials", "3", "--max-reruns", "20", "--db", f"sqlite:///{db}")
     run_id = wait_attempts(db, 2)
     # wait until an attempt's container is up, then interrupt in the middle of it
     deadline = time.monotonic() + 30
@@ -120,7 +120,7 @@ def test_ctrl_c_removes_containers_fast_and_run_is_resumable(docker_client, tmp_
     assert store.get_run(run_id).status == "interrupted"
     r = run_cli(tmp_path, "run", "--resume", run_id, "--db", f"sqlite:///{db}", "--json")
     assert r.returncode == 0, r.stderr
-    assert_each_slot_once(store, run_id, tasks=2, trials=6)
+    assert_each_slot_once(store, run_id, tasks=2, trials=3)
     # an attempt cut short by Ctrl-C is kept as evidence, marked interrupted, never scored
     for a in store.attempts(run_id):
         if "interrupted" in (a.reasons or []):

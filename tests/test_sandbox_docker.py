@@ -209,3 +209,23 @@ def test_doctor_passes_on_this_machine(docker_client):
     for name in ("engine", "cgroup", "cgroup driver", "counters", "envelope read-back", "images", "cores"):
         assert checks[name]["status"] == "ok", checks[name]
     assert all(c["fix"] for c in checks.values() if c["status"] != "ok")
+
+
+def test_disk_read_limit_is_applied_read_back_and_counted(docker_client, trial_cpu):
+    # 2 MiB/s on the disk under the engine's data root; an O_DIRECT read of 6 MiB from the
+    # image must take about 3 s and be counted as the attempt's own block I/O
+    from harness.sandbox.docker_sandbox import data_device
+
+    dev = data_device(docker_client)
+    if dev is None:
+        pytest.fail("the engine's data root is on no block device here: the disk limits cannot be tested")
+    p = prof(io_read_bps="2m", timeouts={"agent": 60})
+    cmd = ["sh", "-c", "dd if=/usr/bin/python3 of=/dev/null bs=1M count=6 iflag=direct 2>&1"]
+    with DockerSandbox(docker_client, SandboxSpec(SANDBOX_IMAGE, p, trial_cpu)) as sb:
+        assert sb.envelope.ok, sb.envelope.mismatches
+        assert sb.envelope.applied.io_read_bps == {dev[1]: 2 * 1024 * 1024}
+        m = sb.measured_exec(cmd, timeout=60)
+    assert m.result.exit_code == 0, m.result
+    assert m.counters.io_read_bytes >= 5 * 1024 * 1024, m.counters
+    assert m.counters.wall_s >= 1.5, m.counters  # 6 MiB at 2 MiB/s (the first MiB may pass at once)
+    assert m.host.disk_bytes >= m.counters.io_read_bytes * 0.9

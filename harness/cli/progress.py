@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.markup import escape
 from rich.table import Table
 
 from harness.cli.app import err
@@ -108,6 +109,10 @@ class ProgressDisplay(EventSink):
 
     def run_started(self, run: Any, progress: Any) -> None:
         self._show(progress)
+
+    def notice(self, text: str) -> None:
+        # a warning, not progress: on stderr also beside --json
+        err.print(f"[yellow]{escape(text)}[/]", highlight=False, soft_wrap=True)
 
     def attempt_started(self, run_id: str, task_id: str, slot: int, attempt_no: int, cpuset: list[int], node: str = "") -> None:
         if node:

@@ -48,6 +48,15 @@ def run(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The Ray cluster to join "
                                               "(HOST:PORT of its head; also $HARNESS_RAY_ADDRESS). Without it, --executor ray "
                                               "starts a one-node cluster on this machine."),
+    refill_unmeasured: bool = typer.Option(False, "--refill-unmeasured", help="With --resume: give the run's unmeasured slots "
+                                           "a fresh rerun budget (only those discarded for host or upstream reasons; the "
+                                           "discarded attempts stay as evidence)."),
+    max_unmeasured: float = typer.Option(0.0, "--max-unmeasured", min=0.0, max=1.0, envvar="HARNESS_MAX_UNMEASURED",
+                                         help="Largest share of unmeasured slots a run may end with and exit 0 (default 0: any "
+                                         "unmeasured slot exits 3, naming the rule that discarded most)."),
+    wait_quiet: Optional[float] = typer.Option(None, "--wait-quiet", min=0.0, max=86400.0, help="Before the first attempt, "
+                                               "wait up to this many seconds for the trial cores to be quiet (default: "
+                                               "probe once and warn)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON summary document instead of tables."),
     note: str = typer.Option("", "--note", help="Free text stored with the run."),
@@ -77,12 +86,22 @@ def run(
       harness run --suite refunds --executor ray --ray-address 10.0.0.5:6379   (spread over a cluster's nodes)
 
       harness run --resume last      (after Ctrl-C or a crash: same seeds, same envelope, missing slots only)
+
+      harness run --resume last --refill-unmeasured   (a busy host left slots unmeasured: rerun just those)
+
+      harness run --suite refunds --wait-quiet 120 --max-unmeasured 0.05
+
+    Exit codes: 0 every slot measured (or within --max-unmeasured), 1 never (a failing
+    agent is a result, not an error), 2 usage error, 3 infrastructure (unmeasured slots
+    over the limit, tasks that could not run here, the engine), 130 interrupted.
     """
     from harness.core.aggregate import summarize
     from harness.engine.runner import RunOptions, Runner
 
     if (suite is None) == (resume is None):
         die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
+    if refill_unmeasured and resume is None:
+        die("--refill-unmeasured refills a stored run's unmeasured slots: give --resume RUN with it")
     if resume is not None:
         given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns,
                  "--agent-image": agent_image, "--agent-cmd": agent_cmd, "--agent": agent, "--base-map": base_map or None,
@@ -121,7 +140,7 @@ def run(
         die("--ray-address joins a Ray cluster: give --executor ray with it")
     if resume is not None:
         runner = Runner.resume(resume, db=db, concurrency=concurrency, reserve_cores=reserve_cores, executor=executor,
-                               ray_address=ray_address)
+                               ray_address=ray_address, refill=refill_unmeasured)
     else:
         runner = Runner.plan(opts, db=db)
     r = runner.run
@@ -146,7 +165,7 @@ def run(
     sigterm_as_interrupt()
     with ProgressDisplay(len(r.task_ids) * r.trials, quiet=json_out) as display:
         try:
-            runner.execute(events=display)
+            runner.execute(events=display, wait_quiet=wait_quiet)
         except KeyboardInterrupt:
             err.print(f"\n[yellow]interrupted[/]: containers of run {r.id} removed; the run is marked interrupted "
                       f"(continue it with `harness run --resume {r.id}`).")
@@ -162,11 +181,32 @@ def run(
     else:
         print_summary(summary)
         console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}   per-attempt: harness trials {r.id}[/]")
+    slots = len(r.task_ids) * r.trials
+    unmeasured = int(summary.get("unmeasured_slots") or 0)
+    if slots and unmeasured / slots > max_unmeasured + 1e-12:
+        rule, count = _top_rule(summary)
+        err.print(f"[bold red]{unmeasured} of {slots} slot(s) unmeasured[/] ({unmeasured / slots:.0%} > --max-unmeasured "
+                  f"{max_unmeasured:g}); the rule that discarded most: {rule} ({count} of the unmeasured slots) -- see `harness report {r.id}`; "
+                  f"once the cause is gone, `harness run --resume {r.id} --refill-unmeasured` reruns them (exit 3)",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INFRA)
     if not_run:  # the figures cover fewer tasks than the suite has: not a clean exit
         if not json_out:
             err.print(f"[yellow]{len(not_run)} task(s) could not run here[/] and are in no figure: {', '.join(sorted(not_run))} "
                       "(exit 3; the reasons are above and in `harness report`)", highlight=False)
         raise typer.Exit(EXIT_INFRA)
+
+
+def _top_rule(summary: dict[str, Any]) -> tuple[str, int]:
+    """The rule that discarded most attempts of the unmeasured slots (over all discards if none)."""
+    from collections import Counter
+
+    c: Counter[str] = Counter()
+    for t in summary.get("tasks") or []:
+        for u in t.get("unmeasured") or []:
+            c.update(u.get("reasons") or [])
+    c = c or Counter(summary.get("discard_reasons") or {})
+    return c.most_common(1)[0] if c else ("unknown", 0)
 
 
 def print_run_notes(r: Any) -> None:

@@ -28,20 +28,25 @@ class SlotView:
     clean: AttemptRecord | None = None
     discarded: list[AttemptRecord] = field(default_factory=list)
     max_reruns: int | None = None  # the run's rerun budget; None: any discard means unmeasured
+    refilled_after: int = 0  # --refill-unmeasured: attempts up to this number no longer count against the budget
 
     @property
     def status(self) -> SlotStatus:
-        return slot_status(self.clean, self.discarded, self.max_reruns)
+        return slot_status(self.clean, self.discarded, self.max_reruns, self.refilled_after)
 
     @property
     def attempts(self) -> list[AttemptRecord]:
         return ([self.clean] if self.clean is not None else []) + self.discarded
 
 
-def slot_views(attempts: Iterable[AttemptRecord], task_ids: list[str], trials: int, max_reruns: int | None = None) -> dict[str, list[SlotView]]:
+def slot_views(attempts: Iterable[AttemptRecord], task_ids: list[str], trials: int, max_reruns: int | None = None,
+               refills: dict[str, int] | None = None) -> dict[str, list[SlotView]]:
     """Group attempts into slots. If a slot somehow has several clean attempts (it should
-    not), the first one counts and the rest are ignored, so nothing is counted twice."""
-    views = {t: [SlotView(task=t, slot=i, max_reruns=max_reruns) for i in range(trials)] for t in task_ids}
+    not), the first one counts and the rest are ignored, so nothing is counted twice.
+    ``refills``: the run's refilled slots ("task/slot" -> attempt number refilled after)."""
+    refills = refills or {}
+    views = {t: [SlotView(task=t, slot=i, max_reruns=max_reruns, refilled_after=refills.get(f"{t}/{i}", 0)) for i in range(trials)]
+             for t in task_ids}
     for a in sorted(attempts, key=lambda a: (a.task_id, a.slot, a.attempt_no, a.id or 0)):
         if a.task_id not in views or a.slot >= trials:
             continue
@@ -70,7 +75,7 @@ def outcomes_of(task: str, slots: list[SlotView]) -> TaskOutcomes:
 
 def task_outcomes(run: RunRecord, attempts: Iterable[AttemptRecord]) -> list[TaskOutcomes]:
     """Every task of the run, in the run's task order."""
-    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns)
+    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns, run.refills)
     return [outcomes_of(t, v) for t, v in views.items()]
 
 
@@ -83,7 +88,7 @@ def metric(t: TaskOutcomes, name: str, k: int) -> float | None:
 
 def summarize(run: RunRecord, attempts: list[AttemptRecord]) -> dict[str, Any]:
     """Per-task rows and suite metrics of a run, recomputed from its attempts."""
-    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns)
+    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns, run.refills)
     tasks = {t: outcomes_of(t, v) for t, v in views.items()}
     ks = sorted(set([1, *run.ks]))
     metrics: dict[str, float | None] = {}

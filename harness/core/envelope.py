@@ -12,9 +12,10 @@ PAGE = 4096
 
 
 def expected_limits(profile: Profile, cpuset: list[int]) -> dict[str, Any]:
-    """The cgroup values a correctly applied envelope has."""
+    """The cgroup values a correctly applied envelope has (disk limits only when the profile sets them)."""
     mem = profile.memory // PAGE * PAGE
-    return {
+    io = {k: getattr(profile, k) for k in ("io_read_bps", "io_write_bps") if getattr(profile, k) is not None}
+    return {**io, 
         "cpu_quota_us": profile.quota_us,
         "cpu_period_us": profile.cpu_period_us,
         "cpuset_cpus": sorted(cpuset),
@@ -24,14 +25,24 @@ def expected_limits(profile: Profile, cpuset: list[int]) -> dict[str, Any]:
     }
 
 
-def check_envelope(profile: Profile, cpuset: list[int], applied: CgroupLimits | None) -> EnvelopeCheck:
+def check_envelope(profile: Profile, cpuset: list[int], applied: CgroupLimits | None, io_device: str | None = None) -> EnvelopeCheck:
     """Compare read-back limits with the profile. Unknown values (None) of optional limits such
-    as memsw on a kernel without swap accounting are not mismatches; a missing cgroup is."""
+    as memsw on a kernel without swap accounting are not mismatches; a missing cgroup is.
+    ``io_device``: 'MAJ:MIN' of the disk the disk limits were set on (None: none found)."""
     exp = expected_limits(profile, cpuset)
     if applied is None:
         return EnvelopeCheck(applied=None, expected=exp, mismatches=["cgroup not readable"])
     mism = []
     for key, want in exp.items():
+        if key in ("io_read_bps", "io_write_bps"):
+            if io_device is None:
+                mism.append(f"{key}: profile {want}, but no block device holds the engine's data root (overlay, tmpfs or a "
+                            "remote engine): the limit cannot be applied here")
+                continue
+            got = getattr(applied, key).get(io_device)
+            if got != want:
+                mism.append(f"{key}: profile {want}, kernel {got} (device {io_device})")
+            continue
         got = getattr(applied, key)
         if key == "memsw_max" and got is None:
             continue  # no swap accounting: swap cannot be used beyond memory anyway

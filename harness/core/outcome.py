@@ -101,9 +101,24 @@ def attempt_lost(run_id: str, task_id: str, slot: int, attempt_no: int, seed: in
                          reasons=["infra_error"], rules=[r], error=detail, started_at=started_at, finished_at=now, node=dict(node or {}))
 
 
-def charged(attempts: Iterable[AttemptRecord]) -> int:
-    """Discarded attempts that count against a slot's rerun budget."""
-    return sum(1 for a in attempts if a.verdict != "clean" and not any(r in UNCHARGED for r in a.reasons))
+def charged(attempts: Iterable[AttemptRecord], after: int = 0) -> int:
+    """Discarded attempts that count against a slot's rerun budget: those numbered after
+    ``after`` (a refill, ``--refill-unmeasured``, gives the slot a fresh budget from there;
+    the attempts before it stay as evidence)."""
+    return sum(1 for a in attempts if a.verdict != "clean" and a.attempt_no > after and not any(r in UNCHARGED for r in a.reasons))
+
+
+REFILLABLE_SCOPES = ("host", "upstream")
+
+
+def refillable(attempts: Iterable[AttemptRecord], after: int = 0) -> bool:
+    """May an unmeasured slot get a fresh rerun budget? Only when every charged discard since
+    the last refill was the machine's or the model API's fault: an envelope breach is the
+    agent's own doing (it would be re-rolled until it passes)."""
+    atts = [a for a in attempts if a.verdict != "clean" and a.attempt_no > after and not any(r in UNCHARGED for r in a.reasons)]
+    return bool(atts) and all(
+        all(r.get("scope") in REFILLABLE_SCOPES for r in a.rules if r.get("breached")) or (not a.rules and a.reasons)
+        for a in atts)
 
 
 def unmeasured_note(record: AttemptRecord, budget_used: int, max_reruns: int, task_id: str) -> str:
@@ -119,12 +134,12 @@ def first_clean(attempts: Iterable[AttemptRecord]) -> AttemptRecord | None:
     return clean[0] if clean else None
 
 
-def slot_status(clean: AttemptRecord | None, discarded: list[AttemptRecord], max_reruns: int | None) -> SlotStatus:
+def slot_status(clean: AttemptRecord | None, discarded: list[AttemptRecord], max_reruns: int | None, after: int = 0) -> SlotStatus:
     """pass / fail (its clean attempt), unmeasured (rerun budget spent without a clean
     attempt), or pending (not finished: never run, or cut short by an interruption)."""
     if clean is not None:
         return "pass" if clean.outcome == "pass" else "fail"
-    n = charged(discarded)
+    n = charged(discarded, after)
     if max_reruns is None:
         return "unmeasured" if n else "pending"
     return "unmeasured" if n > max_reruns else "pending"

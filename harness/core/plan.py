@@ -78,7 +78,8 @@ class Pending:
     progress: Progress = field(default_factory=lambda: Progress(0))
 
 
-def pending_slots(attempts: Iterable[AttemptRecord], task_ids: list[str], trials: int, max_reruns: int, run_seed: int) -> Pending:
+def pending_slots(attempts: Iterable[AttemptRecord], task_ids: list[str], trials: int, max_reruns: int, run_seed: int,
+                  refills: dict[str, int] | None = None) -> Pending:
     """Slots still to fill from what the store holds (nothing, for a new run). A slot with a
     clean attempt, or whose rerun budget is spent, is done; the others continue with the next
     attempt number, so no slot is filled twice."""
@@ -99,7 +100,7 @@ def pending_slots(attempts: Iterable[AttemptRecord], task_ids: list[str], trials
                 else:
                     prog.failed += 1
                 continue
-            used = charged(atts)
+            used = charged(atts, (refills or {}).get(f"{task}/{i}", 0))
             if used > max_reruns:
                 prog.unmeasured += 1
                 continue

@@ -41,6 +41,24 @@ def _max_rule(rule: str, scope: Scope, value: float | None, threshold: float | N
     return RuleResult(rule=rule, scope=scope, value=value, threshold=threshold, breached=breached, detail=f"{what} {fmt(value)} {op} {fmt(threshold)}")
 
 
+OWN_IO_SHARE = 0.5  # an attempt that did at least this share of the host's disk bytes owns its io stall
+
+
+def _io_rule(sla: SLA, host: HostDelta, counters: CounterDelta | None) -> RuleResult | None:
+    """host_io_pressure, with the attempt's own io stall taken out when the attempt itself did
+    most of the disk traffic: an agent cannot get its failures discarded by thrashing the disk."""
+    value = host.psi_io_some_share
+    what = "host io PSI some"
+    own_bytes = None if counters is None or counters.io_read_bytes is None else (counters.io_read_bytes or 0) + (counters.io_write_bytes or 0)
+    if value is not None and own_bytes is not None and host.disk_bytes and own_bytes >= OWN_IO_SHARE * host.disk_bytes:
+        wall = counters.wall_s if counters is not None and counters.wall_s > 0 else host.wall_s
+        own = counters.psi_io_some_us / (wall * 1e6) if counters is not None and counters.psi_io_some_us is not None and wall > 0 else value
+        value = max(0.0, value - own)
+        what = (f"host io PSI some less the attempt's own (it did {min(1.0, own_bytes / host.disk_bytes):.0%} of the disks' "
+                f"{format_size(host.disk_bytes)})")
+    return _max_rule("host_io_pressure", "host", value, sla.host_io_pressure, what=what)
+
+
 def judge(
     sla: SLA,
     host: HostDelta | None,
@@ -78,8 +96,11 @@ def judge(
             contention,
             _max_rule("host_steal", "host", host.steal_share, sla.steal_share, what="steal"),
             _max_rule("host_memory_pressure", "host", host.psi_memory_some_share, sla.host_memory_pressure, what="host memory PSI some"),
-            _max_rule("host_io_pressure", "host", host.psi_io_some_share, sla.host_io_pressure, what="host io PSI some"),
+            _io_rule(sla, host, counters),
         ]
+        if host.monitor_stall_s is not None:
+            cands.append(_max_rule("controller_stall", "host", host.monitor_stall_s, sla.controller_stall_s,
+                                   fmt=lambda x: f"{x:.1f} s", what="the controller stood still for"))
         rules += [r for r in cands if r is not None]
         if sla.min_mem_available is not None and host.mem_available_min is not None:
             low = host.mem_available_min < sla.min_mem_available

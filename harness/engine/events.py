@@ -37,6 +37,9 @@ class EventSink:
     def run_finished(self, run: RunRecord, progress: Progress) -> None:
         """The run ended (complete, interrupted or failed)."""
 
+    def notice(self, text: str) -> None:
+        """Something the user should see while the run goes on (a busy core, a wait for cores)."""
+
 
 class Fanout(EventSink):
     """Several sinks as one; a sink that raises is removed (once, with a line on stderr)."""
@@ -69,6 +72,9 @@ class Fanout(EventSink):
 
     def attempt_finished(self, *a: Any) -> None:
         self._call("attempt_finished", *a)
+
+    def notice(self, *a: Any) -> None:
+        self._call("notice", *a)
 
     def run_finished(self, *a: Any) -> None:
         self._call("run_finished", *a)

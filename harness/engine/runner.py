@@ -253,14 +253,30 @@ class Runner:
 
     @classmethod
     def resume(cls, run_id: str, db: str | None = None, client: Any = None, concurrency: int | None = None,
-               reserve_cores: int | None = None, executor: str | None = None, ray_address: str | None = None) -> "Runner":
+               reserve_cores: int | None = None, executor: str | None = None, ray_address: str | None = None,
+               refill: bool = False) -> "Runner":
         """Pick up a run whose controller died or was interrupted: the same suite (by content
         hash), the same envelope (the stored profile), the same seeds. Slots with a clean
         attempt, or whose rerun budget is spent, are left alone; the others continue with
-        the next attempt number, so no slot is filled twice."""
-        run = Store.open(db, mode="ro").get_run(run_id)  # nothing is written until every check holds
-        if run.status == "complete":
-            raise RunError(f"run {run.id} is complete; nothing to resume")
+        the next attempt number, so no slot is filled twice.
+
+        ``refill``: unmeasured slots whose discards were all the machine's or the model API's
+        (host or upstream rules; never an envelope breach) get a fresh rerun budget, recorded
+        in ``runs.refills``; their discarded attempts stay as evidence. A complete run can be
+        refilled."""
+        ro = Store.open(db, mode="ro")  # nothing is written until every check holds
+        run = ro.get_run(run_id)
+        refills: dict[str, int] = {}
+        if refill:
+            refills, kept = refill_plan(run, ro.attempts(run.id))
+            if not refills:
+                why = f"; {len(kept)} unmeasured slot(s) breached the envelope and are the agent's own: {', '.join(kept[:6])}" if kept else ""
+                raise RunError(f"run {run.id}: no unmeasured slot to refill (only slots discarded for host or upstream reasons "
+                               f"are){why}")
+            run = run.model_copy(update={"refills": {**run.refills, **refills}})
+        elif run.status == "complete":
+            raise RunError(f"run {run.id} is complete; nothing to resume (unmeasured slots discarded for host or upstream "
+                           "reasons can be given a fresh rerun budget with --refill-unmeasured)")
         if run.status == "running":
             _refuse_live_owner(run)
         try:
@@ -313,10 +329,14 @@ class Runner:
                    reserve=reserve_cores)
 
     # -- execution -------------------------------------------------------------
-    def execute(self, events: EventSink | None = None) -> Progress:
+    def execute(self, events: EventSink | None = None, wait_quiet: float | None = None) -> Progress:
         """Run every slot to a clean attempt or to unmeasured. Ctrl-C (or SIGTERM) removes
-        the run's containers and marks the run interrupted (resumable with ``--resume``)."""
+        the run's containers and marks the run interrupted (resumable with ``--resume``).
+
+        Before the first lease the trial cores are probed (``HARNESS_PROBE_S``, 0.3 s): a busy
+        core is named with what keeps it busy; ``wait_quiet`` seconds > 0 waits for quiet."""
         sink = Fanout([events] if events else [])
+        self._wait_quiet = wait_quiet
         self._networks_up()  # before anything is stored: a gateway that cannot start writes nothing
         try:
             return self._execute(sink)
@@ -329,7 +349,7 @@ class Runner:
             if not self.store.claim_run(self.run.id, self._claimed_from, me):
                 raise RunError(f"run {self.run.id} was just claimed by another controller; not resuming it twice")
             self.store.update_run(self.run.id, concurrency=self.run.concurrency, executor=self.run.executor, nodes=self.run.nodes,
-                                  ray_address=self.run.ray_address)
+                                  ray_address=self.run.ray_address, refills=dict(self.run.refills))
             self._import_unsaved()
             self._record_lost_attempts()
         else:
@@ -342,10 +362,43 @@ class Runner:
             from harness.engine.ray_executor import sweep_nodes
 
             sweep_nodes(self.run.id)  # and on every node: a resumed run has nothing running yet
-        pend = pending_slots(self.store.attempts(self.run.id), list(self.run.task_ids), self.run.trials, self.run.max_reruns, self.run.seed)
+        pend = pending_slots(self.store.attempts(self.run.id), list(self.run.task_ids), self.run.trials, self.run.max_reruns, self.run.seed,
+                             self.run.refills)
+        self.pool.note, self.pool.on_wait = self.run.id, sink.notice
+        if pend.slots and self.run.executor != "ray":
+            self._quiet_check(sink, getattr(self, "_wait_quiet", None))
         prog = pend.progress
         sink.run_started(self.run, prog)
         return self._slots(sink, pend)
+
+    def _quiet_check(self, sink: Fanout, wait_s: float | None) -> None:
+        """Probe the trial cores once (or until quiet, up to ``wait_s``) and say what keeps them busy."""
+        try:
+            probe_s = float(os.environ.get("HARNESS_PROBE_S", "0.3"))
+        except ValueError:
+            raise RunError(f"HARNESS_PROBE_S={os.environ['HARNESS_PROBE_S']!r}: seconds of the pre-run core probe, e.g. 0.3") from None
+        if probe_s <= 0:
+            return
+        cores = [c for c in self.pool.cpus if c not in self.pool.reserved]
+        deadline = time.monotonic() + (wait_s or 0.0)
+        said = False
+        while not self._stop.is_set():
+            busy = hoststats.busy_cores(cores, probe_s)
+            if not busy:
+                if said:
+                    sink.notice("the trial cores are quiet now; starting")
+                return
+            line = "; ".join(f"core {c} {share:.0%} busy" + (f" ({', '.join(who)})" if who else "") for c, (share, who) in sorted(busy.items()))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                sink.notice(f"busy trial cores: {line} -- attempts that share them are discarded (host_cpu_contention) and "
+                            f"rerun; {'waited ' + format(wait_s, 'g') + ' s; ' if wait_s else ''}stop what runs there, or "
+                            "pass --wait-quiet SECONDS to wait for it")
+                return
+            if not said:
+                sink.notice(f"busy trial cores: {line} -- waiting up to {left:.0f} s for them to be quiet (--wait-quiet)")
+                said = True
+            time.sleep(min(1.0, max(0.0, left)))
 
     def _policies(self) -> set[str]:
         return {p.network for p in self.prepared.profiles.values()}
@@ -724,6 +777,26 @@ def images_needed(suite: Suite, prep: Prepared) -> list[str]:
         if plan.image:
             out.add(plan.image)
     return sorted(i for i in out if i)
+
+
+def refill_plan(run: RunRecord, attempts: list[AttemptRecord]) -> tuple[dict[str, int], list[str]]:
+    """(slots to refill: "task/slot" -> their last attempt number, unmeasured slots kept as they
+    are because an envelope rule discarded them)."""
+    by_slot: dict[tuple[str, int], list[AttemptRecord]] = {}
+    for a in attempts:
+        by_slot.setdefault((a.task_id, a.slot), []).append(a)
+    out, kept = {}, []
+    for task in run.task_ids:
+        for i in range(run.trials):
+            atts = by_slot.get((task, i), [])
+            after = run.refills.get(f"{task}/{i}", 0)
+            if outcome.first_clean(atts) is not None or outcome.charged(atts, after) <= run.max_reruns:
+                continue
+            if outcome.refillable(atts, after):
+                out[f"{task}/{i}"] = max(a.attempt_no for a in atts)
+            else:
+                kept.append(f"{task}/{i}")
+    return out, kept
 
 
 def plan_ray(client: Any, suite: Suite, prep: Prepared, profile: Profile, opts: RunOptions) -> tuple[int, dict[str, Any], dict[str, dict[str, Any]], str]:

@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from harness.model.errors import LeaseTimeout, SchedulerError
 from harness.sandbox.owners import controller_id
@@ -123,6 +123,18 @@ def pin_process(cpus: list[int]) -> None:
             pass
 
 
+WAIT_NOTICE_S = 10.0  # how often a lease waiting for another controller's cores says so
+
+
+def describe_holder(text: str) -> str:
+    """A lock file's text ("host:ns:pid" and "run R" lines) as "pid N (run R)", printable."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    who = lines[0].rsplit(":", 1)[-1] if lines else "?"
+    run = next((ln[4:] for ln in lines[1:] if ln.startswith("run ")), "")
+    safe = lambda s: "".join(ch if ch.isprintable() else "\ufffd" for ch in s)[:60]  # noqa: E731
+    return f"pid {safe(who)}" + (f" (run {safe(run)})" if run else "")
+
+
 @dataclass
 class CpuPool:
     """A pool of cores leased exclusively to concurrent attempts."""
@@ -139,6 +151,9 @@ class CpuPool:
         self._stale: dict[int, str] = {}  # core -> the holder that died holding its lock (see take_stale)
         self._cv = threading.Condition()
         self.peak_in_use = 0
+        self.note = ""  # the run id, written into the lock files beside this controller's id
+        self.on_wait: Any = None  # called with one line while a lease waits for another controller's cores
+        self._waited = 0.0
 
     @classmethod
     def for_host(cls, reserve: int | None = None, cpus: list[int] | None = None) -> "CpuPool":
@@ -195,6 +210,11 @@ class CpuPool:
                     return got
             # other controllers hold too many of the free cores: wait for them, then try again
             self._check(deadline, stop)
+            if self.on_wait is not None and time.monotonic() - self._waited > WAIT_NOTICE_S:
+                self._waited = time.monotonic()
+                held = self.holders(sorted(self._free))
+                if held:
+                    self.on_wait("waiting for " + "; ".join(f"core {c} held by {h}" for c, h in sorted(held.items())))
             time.sleep(POLL_S * 4)
 
     def _check(self, deadline: float | None, stop: threading.Event | None) -> None:
@@ -246,15 +266,44 @@ class CpuPool:
         finally:
             self.release(got)
 
+    def holders(self, cores: list[int]) -> dict[int, str]:
+        """Who holds these cores' locks now, as "pid N (run R)" (read, never locked): the cores
+        another controller is using. A lock file left by a dead holder is not "held"."""
+        out = {}
+        d = lock_dir()
+        for c in cores:
+            if c in self._fds:
+                continue
+            try:
+                fd = os.open(os.path.join(d, f"cpu{c}.lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    continue  # nobody holds it
+                except BlockingIOError:
+                    pass
+                text = os.pread(fd, 512, 0).decode("utf-8", "replace")
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            out[c] = describe_holder(text)
+        return out
+
     def _mark(self, core: int, fd: int) -> None:
         """Read who held this core's lock before (a holder that released it cleanly leaves it
-        empty), then write this process in."""
+        empty), then write this process in (and the run, on a second line)."""
         try:
-            prev = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
+            prev = (os.pread(fd, 512, 0).decode("utf-8", "replace").strip().splitlines() or [""])[0].strip()
             if prev:
                 self._stale[core] = prev
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{controller_id()}\n".encode(), 0)
+            os.pwrite(fd, f"{controller_id()}\n{('run ' + self.note) if self.note else ''}\n".encode(), 0)
         except OSError:
             pass  # a read-only lock file: no holder names, the start-up sweep still runs
 

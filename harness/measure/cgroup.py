@@ -74,7 +74,7 @@ V1_CONTROLLERS = frozenset(
 V1_UNLIMITED_BYTES = 1 << 62
 
 _REQUIRED_V1 = ("cpu", "cpuacct", "memory")
-_OPTIONAL_V1 = ("cpuset", "pids")
+_OPTIONAL_V1 = ("cpuset", "pids", "blkio")
 _SYSTEMD_SCOPE = re.compile(r"docker-[0-9a-f]+\.scope")
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
@@ -110,6 +110,8 @@ class CgroupPaths(_M):
     memory: str = Field(..., description="Directory with the memory controller files.")
     pids: str | None = Field(None, description="Directory with pids.*; None if the controller is not mounted.")
     unified: str | None = Field(None, description="cgroup2 directory (v2: same as the others; hybrid: PSI files).")
+    blkio: str | None = Field(None, description="Directory with the block I/O files (v1 blkio.throttle.*, v2 io.max / io.stat); "
+                              "None if the controller is not mounted.")
 
 
 # --------------------------------------------------------------------------- parsers
@@ -391,7 +393,7 @@ def locate(pid: int | str, proc_root: str | os.PathLike = "/proc", sys_root: str
             raise CgroupError(_explain_missing("unified", path, cands, sys_root, cg_file))
         return CgroupPaths(
             version=2, driver=guess_driver(path), cgroup_path=path,
-            cpu=d, cpuacct=d, cpuset=d, memory=d, pids=d, unified=d,
+            cpu=d, cpuacct=d, cpuset=d, memory=d, pids=d, unified=d, blkio=d,
         )
 
     dirs: dict[str, str | None] = {}
@@ -407,7 +409,7 @@ def locate(pid: int | str, proc_root: str | os.PathLike = "/proc", sys_root: str
         cands = [m for m in mounts if m.fstype == "cgroup" and c in m.controllers]
         d, ordered = _pick(cands, entries[c], sys_root)
         if d is None:
-            if c in _REQUIRED_V1 or cands:
+            if c in _REQUIRED_V1 or cands and c != "blkio":  # blkio only serves the optional disk limits and counters
                 raise CgroupError(_explain_missing(f"controller {c!r}", entries[c], ordered, sys_root, cg_file))
         dirs[c] = d
     unified = None
@@ -417,7 +419,7 @@ def locate(pid: int | str, proc_root: str | os.PathLike = "/proc", sys_root: str
     return CgroupPaths(
         version=1, driver=guess_driver(path), cgroup_path=path,
         cpu=dirs["cpu"], cpuacct=dirs["cpuacct"], cpuset=dirs["cpuset"], memory=dirs["memory"],
-        pids=dirs["pids"], unified=unified,
+        pids=dirs["pids"], unified=unified, blkio=dirs["blkio"],
     )
 
 
@@ -438,6 +440,53 @@ def _opt_int(text: str | None) -> int | None:
     return None if text is None else int(text.strip())
 
 
+def parse_v1_bps_device(text: str) -> dict[str, int]:
+    """v1 ``blkio.throttle.{read,write}_bps_device``: 'MAJ:MIN BPS' lines -> {'MAJ:MIN': bps}."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and ":" in parts[0] and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def parse_io_max(text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """v2 ``io.max``: 'MAJ:MIN rbps=N wbps=max riops=max wiops=max' lines -> (read bps, write bps) per device
+    (a 'max' entry is no limit and is left out)."""
+    rd, wr = {}, {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or ":" not in parts[0]:
+            continue
+        kv = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        if kv.get("rbps", "max").isdigit():
+            rd[parts[0]] = int(kv["rbps"])
+        if kv.get("wbps", "max").isdigit():
+            wr[parts[0]] = int(kv["wbps"])
+    return rd, wr
+
+
+def parse_io_bytes(text: str, version: int) -> tuple[int, int]:
+    """Bytes read and written, summed over devices: v1 ``blkio.throttle.io_service_bytes``
+    ('MAJ:MIN Read N' lines), v2 ``io.stat`` ('MAJ:MIN rbytes=N wbytes=N ...')."""
+    rd = wr = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or ":" not in parts[0]:
+            continue
+        if version == 1:
+            if len(parts) == 3 and parts[2].isdigit():
+                if parts[1] == "Read":
+                    rd += int(parts[2])
+                elif parts[1] == "Write":
+                    wr += int(parts[2])
+        else:
+            kv = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+            rd += int(kv.get("rbytes", "0")) if kv.get("rbytes", "0").isdigit() else 0
+            wr += int(kv.get("wbytes", "0")) if kv.get("wbytes", "0").isdigit() else 0
+    return rd, wr
+
+
 def read_limits(paths: CgroupPaths) -> CgroupLimits:
     """Read back the envelope the kernel applied (missing files -> None)."""
     j = os.path.join
@@ -455,8 +504,12 @@ def read_limits(paths: CgroupPaths) -> CgroupLimits:
         memory_max = parse_max_value(mem) if mem is not None else None
         swap_max = parse_max_value(swp) if swp is not None else None
         pm = _read(j(d, "pids.max"))
+        iom = _read(j(paths.blkio, "io.max")) if paths.blkio else None
+        io_rd, io_wr = parse_io_max(iom) if iom is not None else ({}, {})
         return CgroupLimits(
             cgroup_version=2,
+            io_read_bps=io_rd,
+            io_write_bps=io_wr,
             cpu_quota_us=quota,
             cpu_period_us=period,
             cpuset_cpus=parse_cpuset(cs) if cs is not None else None,
@@ -472,8 +525,12 @@ def read_limits(paths: CgroupPaths) -> CgroupLimits:
     memory_max = parse_v1_bytes_limit(mem) if mem is not None else None
     memsw_max = parse_v1_bytes_limit(msw) if msw is not None else None
     pm = _read(j(paths.pids, "pids.max")) if paths.pids else None
+    rb = _read(j(paths.blkio, "blkio.throttle.read_bps_device")) if paths.blkio else None
+    wb = _read(j(paths.blkio, "blkio.throttle.write_bps_device")) if paths.blkio else None
     return CgroupLimits(
         cgroup_version=1,
+        io_read_bps=parse_v1_bps_device(rb) if rb is not None else {},
+        io_write_bps=parse_v1_bps_device(wb) if wb is not None else {},
         cpu_quota_us=parse_v1_quota(q) if q is not None else None,
         cpu_period_us=_opt_int(_read(j(paths.cpu, "cpu.cfs_period_us"))),
         cpuset_cpus=parse_cpuset(cs) if cs is not None else None,
@@ -512,6 +569,9 @@ class SnapshotReader:
         self._pids_current = _existing(j(pd, "pids.current")) if pd else None
         self._pids_peak = _existing(j(pd, "pids.peak")) if pd else None
         self._pids_events = _existing(j(pd, "pids.events")) if pd else None
+        bd = paths.blkio
+        self._io_bytes = (_existing(j(bd, "io.stat")) if paths.version == 2 else _existing(j(bd, "blkio.throttle.io_service_bytes"))) \
+            if bd else None
         if self.version == 2:
             d = paths.unified or paths.memory
             self._usage = j(d, "cpu.stat")
@@ -545,6 +605,8 @@ class SnapshotReader:
         pp = _read(self._pids_peak)
         pe = _read(self._pids_events)
         pids_hits = parse_flat_keyed(pe).get("max") if pe is not None else None
+        iob = _read(self._io_bytes)
+        io_rd, io_wr = parse_io_bytes(iob, self.version) if iob is not None else (None, None)
         if self.version == 2:
             stat_text = _read(self._usage)
             if stat_text is None:
@@ -572,6 +634,8 @@ class SnapshotReader:
                 psi_cpu=psi[0],
                 psi_memory=psi[1],
                 psi_io=psi[2],
+                io_read_bytes=io_rd,
+                io_write_bytes=io_wr,
             )
         usage = _read(self._usage)
         if usage is None:
@@ -598,6 +662,8 @@ class SnapshotReader:
             psi_cpu=psi[0],
             psi_memory=psi[1],
             psi_io=psi[2],
+            io_read_bytes=io_rd,
+            io_write_bytes=io_wr,
         )
 
     __call__ = read

@@ -23,6 +23,7 @@ from harness.measure.cgroup import detect_cgroup_version, parse_psi
 from harness.model.counters import PSI, HostSnapshot
 
 __all__ = [
+    "busy_cores",
     "CpuTimes",
     "host_facts",
     "mem_available",
@@ -117,6 +118,59 @@ def _psi(proc_root: str, resource: str) -> PSI | None:
     return parse_psi(text) if text else None
 
 
+_NOT_DISKS = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")
+
+
+def parse_diskstats(text: str, disks: set[str] | None = None) -> int:
+    """Bytes read + written (sectors x 512) over whole disks in ``/proc/diskstats``:
+    those in ``disks`` when given (the names under /sys/block), never loop, ram, zram,
+    device-mapper or md devices (their I/O is counted again on the disks under them)."""
+    total = 0
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 10 or f[2].startswith(_NOT_DISKS) or (disks is not None and f[2] not in disks):
+            continue
+        try:
+            total += (int(f[5]) + int(f[9])) * 512
+        except ValueError:
+            continue
+    return total
+
+
+_DISKS: set[str] | None = None
+
+
+def _whole_disks() -> set[str] | None:
+    global _DISKS
+    if _DISKS is None:
+        try:
+            _DISKS = set(os.listdir("/sys/block"))
+        except OSError:
+            return None
+    return _DISKS
+
+
+def block_device_of(path: str, sys_root: str | os.PathLike = "/") -> tuple[str, str] | None:
+    """(device node, 'MAJ:MIN') of the whole disk that holds ``path`` (a partition's parent),
+    or None when ``path`` is on no block device (overlay, tmpfs, a remote engine's path)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    maj, mnr = os.major(st.st_dev), os.minor(st.st_dev)
+    base = os.path.join(str(sys_root), "sys/dev/block", f"{maj}:{mnr}")
+    if maj == 0 or not os.path.exists(base):
+        return None
+    d = os.path.realpath(base)
+    if os.path.exists(os.path.join(d, "partition")):
+        d = os.path.dirname(d)
+    dev = (_read(os.path.join(d, "dev")) or "").strip()
+    name = next((ln.split("=", 1)[1] for ln in (_read(os.path.join(d, "uevent")) or "").splitlines() if ln.startswith("DEVNAME=")), "")
+    if not dev or not name:
+        return None
+    return f"/dev/{name}", dev
+
+
 def read_host_snapshot(t: float, proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK) -> HostSnapshot:
     """Host contention counters at monotonic time ``t`` (PSI files absent -> None)."""
     proc_root = str(proc_root)
@@ -134,7 +188,13 @@ def read_host_snapshot(t: float, proc_root: str | os.PathLike = "/proc", clk_tck
         psi_memory=_psi(proc_root, "memory"),
         psi_io=_psi(proc_root, "io"),
         mem_available=mem_available(parse_meminfo(meminfo)),
+        disk_bytes=_disk_bytes(proc_root),
     )
+
+
+def _disk_bytes(proc_root: str) -> int | None:
+    text = _read(os.path.join(proc_root, "diskstats"))
+    return parse_diskstats(text, _whole_disks() if proc_root == "/proc" else None) if text is not None else None
 
 
 def parse_cpuinfo_model(text: str) -> str | None:
@@ -175,3 +235,62 @@ def host_facts(proc_root: str | os.PathLike = "/proc", sys_root: str | os.PathLi
         "hostname": hostname,
     }
 
+
+
+# --------------------------------------------------------------------------- busy cores
+
+
+def _printable(s: str) -> str:
+    # a process name is anybody's text: no control characters (terminal escapes) in a notice
+    return "".join(ch if ch.isprintable() else "\ufffd" for ch in s)[:60]
+
+
+def _proc_times(proc_root: str) -> dict[int, tuple[str, int, int]]:
+    """pid -> (name, utime + stime in ticks, last CPU) for every process, from /proc/PID/stat."""
+    out: dict[int, tuple[str, int, int]] = {}
+    try:
+        pids = [int(p) for p in os.listdir(proc_root) if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        text = _read(os.path.join(proc_root, str(pid), "stat"))
+        if not text or ")" not in text:
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        rest = text[text.rindex(")") + 2:].split()
+        try:  # fields after the name: state(3) ... utime(14) stime(15) ... processor(39)
+            out[pid] = (name, int(rest[11]) + int(rest[12]), int(rest[36]))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def busy_cores(cores: list[int], seconds: float, threshold: float = 0.5, proc_root: str | os.PathLike = "/proc",
+               clk_tck: int = _CLK_TCK) -> dict[int, tuple[float, list[str]]]:
+    """Cores busier than ``threshold`` over a ``seconds`` probe: core -> (busy share, the
+    processes that ran on it most, as "pid N name (share)"). A quiet machine gives {}."""
+    import time
+
+    proc_root = str(proc_root)
+    t0 = time.monotonic()
+    a = parse_proc_stat(_read(os.path.join(proc_root, "stat")) or "", clk_tck)
+    pa = _proc_times(proc_root)
+    time.sleep(max(0.05, seconds))
+    b = parse_proc_stat(_read(os.path.join(proc_root, "stat")) or "", clk_tck)
+    pb = _proc_times(proc_root)
+    wall_us = max(1.0, (time.monotonic() - t0) * 1e6)
+    out: dict[int, tuple[float, list[str]]] = {}
+    me = os.getpid()
+    for c in cores:
+        share = max(0, b.busy_us.get(c, 0) - a.busy_us.get(c, 0)) / wall_us
+        if share <= threshold:
+            continue
+        who = []
+        for pid, (name, ticks, cpu) in pb.items():
+            if cpu != c or pid == me or pid not in pa:
+                continue
+            used = (ticks - pa[pid][1]) * 1e6 / clk_tck / wall_us
+            if used >= 0.05:
+                who.append((used, f"pid {pid} {_printable(name)} ({used:.0%})"))
+        out[c] = (min(1.0, share), [w for _, w in sorted(who, reverse=True)[:3]])
+    return out

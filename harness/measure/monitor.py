@@ -32,10 +32,24 @@ class Monitor:
         self._cg0: CgroupSnapshot | None = None
         self.errors = 0  # samples lost to a read error (the thread goes on)
         self.last_error: str | None = None
+        self._last_tick: float | None = None
+        self.max_gap = 0.0  # the longest time between two turns of the sampling loop (start and stop included)
 
     def start(self, t0: float, host0: HostSnapshot, cg0: CgroupSnapshot) -> None:
         self.t0, self._host0, self._cg0 = t0, host0, cg0
+        self._last_tick = time.monotonic()
         self._thread.start()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self._last_tick is not None:
+            self.max_gap = max(self.max_gap, now - self._last_tick)
+        self._last_tick = now
+
+    @property
+    def stall_s(self) -> float:
+        """How long the controller stood still beyond one sampling interval (0 when it never did)."""
+        return max(0.0, self.max_gap - self._interval)
 
     def _sample(self) -> None:
         t = time.monotonic()
@@ -62,6 +76,7 @@ class Monitor:
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):
+            self._tick()
             try:
                 self._sample()
             except Exception as e:  # a bad read (host file, parse) costs one sample, never the log
@@ -72,3 +87,4 @@ class Monitor:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
+        self._tick()

@@ -36,6 +36,9 @@ class CgroupLimits(_M):
     )
     swap_max: int | None = Field(None, description="v2 memory.swap.max (bytes of swap allowed); v1: memsw - memory.")
     pids_max: int | None = Field(None, description="pids limit; None = unlimited.")
+    io_read_bps: dict[str, int] = Field(default_factory=dict, description="Disk read limits, 'MAJ:MIN' -> bytes/s "
+                                        "(v1 blkio.throttle.read_bps_device, v2 io.max rbps); empty = none.")
+    io_write_bps: dict[str, int] = Field(default_factory=dict, description="Disk write limits, 'MAJ:MIN' -> bytes/s.")
 
 
 class CgroupSnapshot(_M):
@@ -58,6 +61,8 @@ class CgroupSnapshot(_M):
     psi_cpu: PSI | None = Field(None, description="Per-cgroup cpu.pressure (v2 or hybrid unified hierarchy).")
     psi_memory: PSI | None = Field(None, description="Per-cgroup memory.pressure.")
     psi_io: PSI | None = Field(None, description="Per-cgroup io.pressure.")
+    io_read_bytes: int | None = Field(None, ge=0, description="Block I/O bytes read (v1 blkio.throttle.io_service_bytes, v2 io.stat).")
+    io_write_bytes: int | None = Field(None, ge=0, description="Block I/O bytes written.")
 
 
 class HostSnapshot(_M):
@@ -71,6 +76,7 @@ class HostSnapshot(_M):
     psi_memory: PSI | None = Field(None, description="/proc/pressure/memory.")
     psi_io: PSI | None = Field(None, description="/proc/pressure/io.")
     mem_available: int = Field(..., ge=0, description="MemAvailable in bytes.")
+    disk_bytes: int | None = Field(None, ge=0, description="Bytes read + written on the host's disks (/proc/diskstats, whole disks).")
 
 
 def _d(a: int | None, b: int | None) -> int | None:
@@ -106,6 +112,8 @@ class CounterDelta(_M):
     psi_memory_some_us: int | None = Field(None, description="Per-cgroup memory pressure stall time.")
     psi_memory_full_us: int | None = Field(None, description="Per-cgroup memory full-stall time.")
     psi_io_some_us: int | None = Field(None, description="Per-cgroup io pressure stall time.")
+    io_read_bytes: int | None = Field(None, description="Block I/O bytes the attempt read from disk.")
+    io_write_bytes: int | None = Field(None, description="Block I/O bytes the attempt wrote to disk.")
 
     @classmethod
     def between(cls, a: CgroupSnapshot, b: CgroupSnapshot, pids_peak_sampled: int | None = None) -> "CounterDelta":
@@ -130,6 +138,8 @@ class CounterDelta(_M):
             psi_memory_some_us=_psi_d(a.psi_memory, b.psi_memory, "some_us"),
             psi_memory_full_us=_psi_d(a.psi_memory, b.psi_memory, "full_us"),
             psi_io_some_us=_psi_d(a.psi_io, b.psi_io, "some_us"),
+            io_read_bytes=_d(a.io_read_bytes, b.io_read_bytes),
+            io_write_bytes=_d(a.io_write_bytes, b.io_write_bytes),
         )
 
 
@@ -146,6 +156,9 @@ class HostDelta(_M):
     psi_memory_some_share: float | None = Field(None, description="Host memory PSI some share.")
     psi_io_some_share: float | None = Field(None, description="Host io PSI some share.")
     mem_available_min: int | None = Field(None, description="Lowest MemAvailable seen (bytes).")
+    disk_bytes: int | None = Field(None, description="Bytes read + written on the host's disks over the window.")
+    monitor_stall_s: float | None = Field(None, description="Longest gap in the monitor's samples beyond one sampling "
+                                          "interval (seconds): how long the controller itself stood still.")
 
     @classmethod
     def between(
@@ -178,6 +191,7 @@ class HostDelta(_M):
             psi_memory_some_share=share(a.psi_memory, b.psi_memory),
             psi_io_some_share=share(a.psi_io, b.psi_io),
             mem_available_min=min(mins) if mins else None,
+            disk_bytes=max(0, b.disk_bytes - a.disk_bytes) if a.disk_bytes is not None and b.disk_bytes is not None else None,
         )
 
 

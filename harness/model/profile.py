@@ -81,6 +81,12 @@ class SLA(_Strict):
         0.50, ge=0, le=1,
         description="host rule `host_io_pressure`: share of wall time with some host task stalled on IO (PSI io `some`).",
     )
+    controller_stall_s: float | None = Field(
+        5.0, gt=0, le=3600,
+        description="host rule `controller_stall`: the longest gap in the monitor's own samples beyond one "
+        "sampling interval (seconds). The controller was stopped (SIGSTOP, swap, a paused VM) while the agent "
+        "ran: its timing and counters of that window cannot be trusted.",
+    )
     min_mem_available: ByteSize | None = Field(
         256 * MiB,
         description="host rule `host_memory_low`: lowest host MemAvailable seen during the attempt "
@@ -167,6 +173,12 @@ class Profile(_Strict):
         None, description="Size of a writable root filesystem (tasks that have one, e.g. Harbor's). Enforced where the "
         "engine's storage driver has quotas (overlay2 on xfs with pquota); elsewhere recorded as requested and "
         "reported `not enforced` with every attempt.")
+    io_read_bps: ByteSize | None = Field(
+        None, ge=1024 * 1024, description="Disk read limit in bytes per second ('20m') on the disk that holds the engine's "
+        "data root (cgroup v1 blkio.throttle.read_bps_device, v2 io.max rbps); read back from the kernel. Absent = no limit.")
+    io_write_bps: ByteSize | None = Field(
+        None, ge=1024 * 1024, description="Disk write limit in bytes per second (v1 blkio.throttle.write_bps_device, v2 io.max "
+        "wbps). Absent = no limit. tmpfs writes (/work, /tmp) are memory, not disk.")
     user: str = Field("10001:10001", pattern=r"^\d+:\d+$", description="uid:gid the workload runs as (never root).")
     tmpfs: dict[str, ByteSize] = Field(
         default_factory=lambda: {"/work": 256 * MiB, "/tmp": 64 * MiB},

@@ -166,6 +166,8 @@ class RunRecord(_M):
     task_overrides: bool = Field(True, description="Tasks' own envelopes were applied (False: --profile replaced them).")
     adjustments: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Task id -> its envelope fitted to this machine.")
     excluded: dict[str, str] = Field(default_factory=dict, description="Task id -> why it could not run here (not scored).")
+    refills: dict[str, int] = Field(default_factory=dict, description="Slots given a fresh rerun budget by --refill-unmeasured: "
+                                    "'task/slot' -> the attempt number they were refilled after (earlier attempts stay as evidence).")
     agent_name: str = Field("", description="The suite's named agent the run used (--agent NAME), if any.")
     agent_env: dict[str, str] = Field(default_factory=dict, description="Its environment (names and values; never a secret's value).")
     secrets: list[str] = Field(default_factory=list, description="Names of the secrets the gateway held (never their values).")

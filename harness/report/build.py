@@ -205,7 +205,7 @@ def build_report(
     problem = check_k(run, gate_k)
     if problem:
         raise ValueError(problem)
-    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns)
+    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns, getattr(run, "refills", None))
     outs = [outcomes_of(t, v) for t, v in views.items()]
     sm = suite_metrics(outs, ks)
     per_metrics = {m.task_id: m for m in sm.per_task}
@@ -372,6 +372,11 @@ def build_report(
         warnings.append(w)
     if pending:
         warnings.append(f"{len(pending)} slot(s) never ran (run interrupted?); they are not scored")
+    refills = dict(getattr(run, "refills", None) or {})
+    if refills:
+        warnings.append(f"{len(refills)} slot(s) were given a fresh rerun budget (--refill-unmeasured) after discards for host or "
+                        f"upstream reasons ({', '.join(sorted(refills)[:6])}{', …' if len(refills) > 6 else ''}); their earlier "
+                        "discarded attempts stay as evidence")
     if 0 < len(measured) < SMALL_SUITE:
         warnings.append(f"only {len(measured)} measured task(s): the 'tasks like these' interval rests on fewer than "
                         f"{SMALL_SUITE} tasks and says little about tasks beyond them; read the 'this suite' interval for these tasks only")

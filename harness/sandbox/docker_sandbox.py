@@ -177,6 +177,23 @@ class _Pump:
 
 
 
+_DATA_DEVICE: dict[int, tuple[str, str] | None] = {}
+
+
+def data_device(client: Any) -> tuple[str, str] | None:
+    """(device node, 'MAJ:MIN') of the disk under the engine's data root, where a container's
+    image layers and writable root live: what a profile's disk limits apply to. None when it
+    is on no block device here. Asked of the engine once per client."""
+    key = id(client)
+    if key not in _DATA_DEVICE:
+        try:
+            root = client.info().get("DockerRootDir") or "/var/lib/docker"
+        except (docker.errors.DockerException, requests.RequestException):
+            return None
+        _DATA_DEVICE[key] = hoststats.block_device_of(root)
+    return _DATA_DEVICE[key]
+
+
 class DockerSandbox(Sandbox):
     """One container under one envelope (see the module docstring)."""
 
@@ -282,6 +299,13 @@ class DockerSandbox(Sandbox):
             kw.update(command=["sleep", "infinity"], user=keeper_user(self.user), working_dir="/", log_config={"type": "none"})
         if spec.writable_root and p.storage:
             kw["storage_opt"] = {"size": str(p.storage)}
+        if p.io_read_bps is not None or p.io_write_bps is not None:
+            dev = data_device(self.client)
+            if dev is not None:
+                if p.io_read_bps is not None:
+                    kw["device_read_bps"] = [{"Path": dev[0], "Rate": int(p.io_read_bps)}]
+                if p.io_write_bps is not None:
+                    kw["device_write_bps"] = [{"Path": dev[0], "Rate": int(p.io_write_bps)}]
         if spec.network:
             kw.update(network=spec.network, networking_config={
                 spec.network: self.client.api.create_endpoint_config(aliases=list(spec.aliases) or None)})
@@ -335,7 +359,8 @@ class DockerSandbox(Sandbox):
             applied = cgroup.read_limits(self.paths)
         except (OSError, cgroup.CgroupError):
             applied = None
-        self.envelope = check_envelope(p, self.cpuset, applied)
+        dev = data_device(self.client) if p.io_read_bps is not None or p.io_write_bps is not None else None
+        self.envelope = check_envelope(p, self.cpuset, applied, dev[1] if dev else None)
         # the init and its sleeping child survive kill_tree(); everything else is the workload
         self._keep_pids = {self.pid, *self._children(self.pid)} if not self.service else set()
         if self.spec.writable_root:
@@ -679,6 +704,8 @@ class DockerSandbox(Sandbox):
             counters = CounterDelta.between(cg0, cg1, mon.pids_peak if mon else None)
             own = counters.cpu_usage_us + sum(d.cpu_usage_us for d in services.values() if d is not None)
             host = HostDelta.between(host0, host1, self.cpuset, own, mon.mem_available_min if mon else None)
+            if mon is not None:
+                host = host.model_copy(update={"monitor_stall_s": round(mon.stall_s, 3)})
         return Measured(result=res, counters=counters, host=host, samples=mon.samples if mon else [],
                         monitor_errors=mon.errors if mon else 0, services=services)
 

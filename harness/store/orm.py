@@ -48,6 +48,7 @@ class RunRow(Base):
     task_overrides: Mapped[bool] = mapped_column(Boolean, default=True)
     adjustments: Mapped[dict] = mapped_column(JSON, default=dict)
     excluded: Mapped[dict] = mapped_column(JSON, default=dict)
+    refills: Mapped[dict] = mapped_column(JSON, default=dict)
     agent_name: Mapped[str] = mapped_column(String(64), default="")
     agent_env: Mapped[dict] = mapped_column(JSON, default=dict)
     secrets: Mapped[list] = mapped_column(JSON, default=list)

@@ -366,7 +366,7 @@ def _run_record(row: dict[str, Any]) -> RunRecord:
     for k in ("agent_cmd", "ks", "task_ids", "secrets"):
         if row.get(k) is None:
             row[k] = []
-    for k in ("profile_json", "host", "images", "substitutions", "adjustments", "excluded", "agent_env", "upstreams"):
+    for k in ("profile_json", "host", "images", "substitutions", "adjustments", "excluded", "agent_env", "upstreams", "refills"):
         if row.get(k) is None:
             row[k] = {}
     if row.get("task_overrides") is None:

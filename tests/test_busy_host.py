@@ -1,0 +1,141 @@
+"""A busy host handled visibly (issue 13, item 7), without an engine: the core probe, the
+lock holder's line, refills, the controller-stall and own-I/O rules, the disk parsers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.core import outcome
+from harness.core.aggregate import slot_views
+from harness.core.plan import pending_slots
+from harness.core.sla import judge
+from harness.engine import scheduler
+from harness.engine.runner import refill_plan
+from harness.engine.scheduler import CpuPool
+from harness.measure import cgroup
+from harness.measure.host import busy_cores, parse_diskstats
+from harness.model.attempt import AttemptRecord
+from harness.model.counters import CounterDelta, HostDelta
+from harness.model.profile import SLA
+from harness.model.run import RunRecord
+
+runner = CliRunner()
+
+
+def test_probe_names_the_process_that_keeps_a_core_busy():
+    core = sorted(os.sched_getaffinity(0))[-1]
+    spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        busy = busy_cores([core], 0.3)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert core in busy, busy
+    share, who = busy[core]
+    assert share > 0.8 and any(f"pid {spin.pid} " in w for w in who), who
+    time.sleep(0.2)
+    assert core not in busy_cores([core], 0.3)
+
+
+def test_a_lease_waiting_for_another_controller_names_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_LOCK_DIR", str(tmp_path))
+    monkeypatch.setattr(scheduler, "WAIT_NOTICE_S", 0.0)
+    core = sorted(os.sched_getaffinity(0))[0]
+    holder = CpuPool(cpus=[core])
+    holder.note = "r-holder\x1b[31m"  # a run id is printed: no terminal escapes get through
+    got = holder.lease(1)
+    lines: list[str] = []
+    waiter = CpuPool(cpus=[core])
+    waiter.on_wait = lines.append
+    t = threading.Thread(target=lambda: waiter.release(waiter.lease(1, timeout=5)))
+    t.start()
+    time.sleep(0.6)
+    holder.release(got)
+    t.join(timeout=10)
+    assert lines and lines[0].startswith(f"waiting for core {core} held by pid {os.getpid()} (run r-holder")
+    assert "\x1b" not in lines[0]
+
+
+def att(slot: int, no: int, verdict: str = "discarded", reasons=("host_cpu_contention",), scope: str = "host", outcome_="pass") -> AttemptRecord:
+    rules = [{"rule": r, "scope": scope, "breached": True} for r in reasons] if verdict != "clean" else []
+    return AttemptRecord(run_id="r", task_id="t", slot=slot, attempt_no=no, seed=slot, verdict=verdict,
+                         reasons=list(reasons) if verdict != "clean" else [], rules=rules,
+                         outcome=outcome_ if verdict == "clean" else None)
+
+
+def run_record(**kw) -> RunRecord:
+    return RunRecord(id="r", suite="s", suite_hash="h", image="i", agent_cmd=["a"], profile="p", profile_json={},
+                     trials=3, ks=[1], max_reruns=0, task_ids=["t"], harness_version="0", **kw)
+
+
+def test_refill_only_slots_discarded_by_the_host_or_the_upstream():
+    atts = [att(0, 1), att(1, 1, reasons=("cpu_throttled",), scope="envelope"), att(2, 1, verdict="clean")]
+    refills, kept = refill_plan(run_record(), atts)
+    assert refills == {"t/0": 1} and kept == ["t/1"]  # an envelope breach is the agent's own: not re-rolled
+    run = run_record(refills=refills)
+    views = slot_views(atts, ["t"], 3, 0, run.refills)["t"]
+    assert [v.status for v in views] == ["pending", "unmeasured", "pass"]
+    pend = pending_slots(atts, ["t"], 3, 0, 0, run.refills)
+    assert [(s.slot, s.attempts, s.budget_used) for s in pend.slots] == [(0, 1, 0)]  # attempt 2 next, fresh budget
+    # refilled and discarded again: unmeasured again, and refillable again
+    again = atts + [att(0, 2)]
+    assert slot_views(again, ["t"], 3, 0, run.refills)["t"][0].status == "unmeasured"
+    assert refill_plan(run, again)[0] == {"t/0": 2}
+    assert outcome.refillable([att(0, 1, reasons=("upstream_rate_limited",), scope="upstream")])
+
+
+def host(**kw) -> HostDelta:
+    return HostDelta(**{"wall_s": 10.0, "pinned_cpus": [1], **kw})
+
+
+def counters(**kw) -> CounterDelta:
+    return CounterDelta(**{"wall_s": 10.0, "cpu_usage_us": 5_000_000, **kw})
+
+
+def test_controller_stall_is_a_host_breach():
+    j = judge(SLA(), host(monitor_stall_s=6.2), counters(), [])
+    r = next(x for x in j.rules if x.rule == "controller_stall")
+    assert j.verdict == "discarded" and r.breached and r.scope == "host" and "6.2 s" in r.detail
+    assert judge(SLA(), host(monitor_stall_s=0.3), counters(), []).verdict == "clean"
+    assert judge(SLA(controller_stall_s=None), host(monitor_stall_s=60), counters(), []).verdict == "clean"
+
+
+def test_an_attempts_own_disk_traffic_is_not_host_io_pressure():
+    # the attempt did 90% of the disks' bytes and stalled 7 of its 10 s on io itself
+    own = counters(io_read_bytes=900 << 20, io_write_bytes=0, psi_io_some_us=7_000_000)
+    j = judge(SLA(), host(psi_io_some_share=0.8, disk_bytes=1000 << 20), own, [])
+    r = next(x for x in j.rules if x.rule == "host_io_pressure")
+    assert not r.breached and r.value == pytest.approx(0.1) and "less the attempt's own" in r.detail
+    # the same host pressure with the attempt doing little of the traffic is the host's
+    other = counters(io_read_bytes=10 << 20, io_write_bytes=0, psi_io_some_us=7_000_000)
+    assert judge(SLA(), host(psi_io_some_share=0.8, disk_bytes=1000 << 20), other, []).verdict == "discarded"
+
+
+def test_disk_parsers():
+    assert cgroup.parse_v1_bps_device("254:0 2097152\n8:0 1048576\n") == {"254:0": 2097152, "8:0": 1048576}
+    rd, wr = cgroup.parse_io_max("254:0 rbps=2097152 wbps=max riops=max wiops=max\n8:16 rbps=max wbps=1048576 riops=max wiops=max\n")
+    assert rd == {"254:0": 2097152} and wr == {"8:16": 1048576}
+    v1 = "254:0 Read 4096\n254:0 Write 8192\n254:0 Sync 0\n254:0 Total 12288\n7:0 Read 100\nTotal 12388\n"
+    assert cgroup.parse_io_bytes(v1, 1) == (4196, 8192)
+    assert cgroup.parse_io_bytes("254:0 rbytes=10 wbytes=20 rios=1 wios=2 dbytes=0 dios=0\n", 2) == (10, 20)
+    stats = ("   7       0 loop0 10 0 800 0 0 0 0 0 0 0 0\n 254       0 vda 100 0 2000 0 50 0 1000 0 0 0 0\n"
+             " 254       1 vda1 100 0 2000 0 50 0 1000 0 0 0 0\n")
+    assert parse_diskstats(stats, {"vda", "loop0"}) == (2000 + 1000) * 512
+
+
+def test_options_are_checked_before_anything_runs():
+    r = runner.invoke(app, ["run", "--suite", "refunds", "--refill-unmeasured"])
+    assert r.exit_code == 2 and "give --resume RUN with it" in r.output
+    r = runner.invoke(app, ["run", "--suite", "refunds", "--wait-quiet", "-1"])
+    assert r.exit_code == 2
+    r = runner.invoke(app, ["run", "--suite", "refunds", "--max-unmeasured", "1.5"])
+    assert r.exit_code == 2
