@@ -92,6 +92,14 @@ def _int(fn: str, name: str, value: object) -> int:
     return int(value)
 
 
+def _positive(fn: str, name: str, value: object) -> int:
+    """A count that must be at least 1 (replicates, permutations)."""
+    n = _int(fn, name, value)
+    if n < 1:
+        raise ValueError(f"{fn}: {name}={n}; must be >= 1")
+    return n
+
+
 def _check_nck(fn: str, n: object, c: object, k: object) -> tuple[int, int, int]:
     n, c, k = _int(fn, "n", n), _int(fn, "c", c), _int(fn, "k", k)
     if n < 1:
@@ -578,10 +586,8 @@ def drift_test(
     """
     fn = "drift_test"
     tasks = _tasks(fn, tasks)
-    n_perm = _int(fn, "n_perm", n_perm)
+    n_perm = _positive(fn, "n_perm", n_perm)
     seed = _int(fn, "seed", seed)
-    if n_perm < 1:
-        raise ValueError(f"{fn}: n_perm={n_perm}; need at least 1")
     alpha = _prob(fn, "alpha", alpha)
     used = [t for t in tasks if t.n >= 2]
     cq = _cochran_q(tasks)

@@ -24,7 +24,7 @@ import numbers
 import random
 from collections.abc import Iterable, Sequence
 
-from harness.core.estimator import _int, _ks, _prob, _task_value, _tasks, normal_cdf, normal_ppf, t_ppf
+from harness.core.estimator import _int, _ks, _positive, _prob, _task_value, _tasks, normal_cdf, normal_ppf, t_ppf
 from harness.model.estimates import Comparison, SignificanceTest, SuiteDelta, TaskDelta
 from harness.model.outcomes import TaskOutcomes
 
@@ -110,9 +110,7 @@ def compare_runs(
     b_list = _tasks(fn + " (run B)", b_tasks)
     ks = _ks(fn, ks)
     seed = _int(fn, "seed", seed)
-    n_perm = _int(fn, "n_perm", n_perm)
-    if n_perm < 1:
-        raise ValueError(f"{fn}: n_perm={n_perm}; must be >= 1")
+    n_perm = _positive(fn, "n_perm", n_perm)
     conf = _prob(fn, "conf", conf)
     alpha = 1 - conf
     b_by_id = {t.task_id: t for t in b_list}

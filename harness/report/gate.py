@@ -131,9 +131,9 @@ def check_requirement(req: Requirement, tasks: list[TaskOutcomes], confidence: f
     if confidence is None:
         v, used = est, "the point estimate"
     elif req.op in (">=", ">"):
-        v, used = iv.low, f"the {confidence:.0%} lower bound ({ESTIMANDS[estimand]}; estimate {est:.3f})"
+        v, used = iv.low, f"the {confidence * 100:g}% lower bound ({ESTIMANDS[estimand]}; estimate {est:.3f})"
     elif req.op in ("<=", "<"):
-        v, used = iv.high, f"the {confidence:.0%} upper bound ({ESTIMANDS[estimand]}; estimate {est:.3f})"
+        v, used = iv.high, f"the {confidence * 100:g}% upper bound ({ESTIMANDS[estimand]}; estimate {est:.3f})"
     else:
         v, used = est, "the point estimate (== has no one-sided bound)"
     ok = req.holds(v)

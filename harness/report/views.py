@@ -61,6 +61,11 @@ TRIAL_FIELDS: dict[str, tuple[str, str]] = {
     "psi_cpu_some_s": ("s", "Per-cgroup PSI: time some task of the attempt stalled on CPU (empty where unavailable)."),
     "psi_memory_some_s": ("s", "Per-cgroup PSI: time some task stalled on memory."),
     "psi_io_some_s": ("s", "Per-cgroup PSI: time some task stalled on IO."),
+    "io_read_bytes": ("bytes", "Block I/O the attempt read from disk during the agent phase (v1 blkio.throttle.io_service_bytes, "
+                      "v2 io.stat; empty where unavailable). tmpfs and page-cache hits are not disk I/O."),
+    "io_write_bytes": ("bytes", "Block I/O the attempt wrote to disk during the agent phase."),
+    "host_disk_bytes": ("bytes", "Bytes read + written on the host's disks over the agent phase (/proc/diskstats, whole disks)."),
+    "controller_stall_s": ("s", "Longest time the controller's own monitor stood still beyond one sampling interval."),
     "foreign_cpu_share": ("fraction", "Busy time on the pinned cores not charged to the attempt / (wall x pinned cores)."),
     "steal_share": ("fraction", "Hypervisor steal over all host CPUs / (wall x CPUs)."),
     "host_psi_cpu": ("fraction", "Share of wall time some host task stalled on CPU (host PSI some)."),
@@ -231,6 +236,9 @@ def trial_row(a: Any, th: Thresholds, prices: dict | None = None) -> dict[str, A
     row["psi_cpu_some_s"] = _us_to_s(a.psi_cpu_some_us)
     row["psi_memory_some_s"] = _us_to_s(a.psi_memory_some_us)
     row["psi_io_some_s"] = _us_to_s(a.psi_io_some_us)
+    host = getattr(a, "host_counters", None) or {}
+    row["io_read_bytes"], row["io_write_bytes"] = counters.get("io_read_bytes"), counters.get("io_write_bytes")
+    row["host_disk_bytes"], row["controller_stall_s"] = host.get("disk_bytes"), host.get("monitor_stall_s")
     row["started_at"] = _iso(a.started_at)
     row["saturated"] = saturated(row, th)
     u = attempt_usage(a, prices)
