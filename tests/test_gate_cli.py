@@ -292,3 +292,19 @@ def test_gate_on_the_confidence_bound(db):
     assert r.exit_code == 2 and "pass --confidence too" in r.output
     r = gate(url, "allpass", "--require", "pass^4>=0.9", "--confidence", "1.5")
     assert r.exit_code == 2 and "between 0.5 and 1" in r.output
+
+
+def test_gate_cannot_be_passed_by_tasks_that_dropped_out(db):
+    store, url = db
+    # one task measured 8/8, nine with no clean trial: no figure covers them, the gate fails
+    add_run(store, "holes", {"good": "✓✓✓✓✓✓✓✓", **{f"u{i}": "········" for i in range(9)}}, ks=(1, 4), minutes=1)
+    r = gate(url, "holes", "--require", "pass@1>=0.9")
+    assert r.exit_code == 1 and "every task measured" in r.stdout and "9 of 10 task(s) have no clean trial" in r.stdout
+    # a task short of k cannot show that it meets a per-task condition
+    add_run(store, "short", {**{f"t{i}": "✓✓✓✓" for i in range(9)}, "bad": "✗✗··"}, ks=(1, 3), minutes=2)
+    r = gate(url, "short", "--per-task", "pass^3==1:0.95")
+    assert r.exit_code == 1 and "9 of 10 tasks" in r.stdout and "bad (short of k)" in r.stdout
+    # == has no worst value: a task short of k fails it
+    add_run(store, "eq", {"a": "✗✗✗", "b": "✓✓··"}, ks=(1, 3), minutes=3)
+    r = gate(url, "eq", "--require", "pass^3==0")
+    assert r.exit_code == 1 and "cannot show an exact value" in r.stdout

@@ -181,8 +181,9 @@ def gate(
     trials; a task with fewer than K (but some) clean trials counts at its
     worst (0 for >=). By default the point estimate is judged; with
     --confidence 0.95 the one-sided 95% bound is (the message says which).
-    Unmeasured slots are never counted; a metric that cannot be computed
-    fails the gate. Usage errors (bad requirement, k not measured, unknown
+    Unmeasured slots are never counted; a task with no clean trial at all
+    fails the gate (it is in no figure), and so does a metric that cannot be
+    computed. Usage errors (bad requirement, k not measured, unknown
     run) exit 2.
 
     Examples:
@@ -199,7 +200,7 @@ def gate(
     """
     from harness.core.aggregate import task_outcomes
     from harness.report.build import check_k
-    from harness.report.gate import GateCheck, check_baseline, check_per_task, check_requirement, parse_per_task, parse_requirement
+    from harness.report.gate import GateCheck, check_baseline, check_measured, check_per_task, check_requirement, parse_per_task, parse_requirement
 
     if confidence is not None and not 0.5 < confidence < 1:
         die(f"--confidence {confidence:g}: use a level between 0.5 and 1, e.g. 0.95")
@@ -223,6 +224,10 @@ def gate(
     outs = task_outcomes(row, attempts)
     checks = [check_requirement(r, outs, confidence, estimand) for r in reqs]
     checks += [check_per_task(r, share, outs, text) for (r, share), text in pts]
+    if reqs or pts:
+        unmeasured = check_measured(outs)
+        if unmeasured is not None:
+            checks.append(unmeasured)
     if row.excluded:  # a task that could not run is not a task that passed
         checks.append(GateCheck("every task ran", False, f"{len(row.excluded)} task(s) of the suite could not run here and are in "
                                 "no figure", [f"{t}: {why.splitlines()[0][:200]}" for t, why in sorted(row.excluded.items())]))

@@ -102,6 +102,9 @@ def run(
         die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
     if refill_unmeasured and resume is None:
         die("--refill-unmeasured refills a stored run's unmeasured slots: give --resume RUN with it")
+    from harness.engine.runner import probe_seconds
+
+    probe_seconds()  # a bad $HARNESS_PROBE_S is a usage error before anything is stored
     if resume is not None:
         given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns,
                  "--agent-image": agent_image, "--agent-cmd": agent_cmd, "--agent": agent, "--base-map": base_map or None,

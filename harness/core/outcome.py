@@ -109,16 +109,26 @@ def charged(attempts: Iterable[AttemptRecord], after: int = 0) -> int:
 
 
 REFILLABLE_SCOPES = ("host", "upstream")
+# host rules an attempt can cause itself: charged so that it ends unmeasured, never refilled
+NOT_REFILLABLE = ("controller_lost",)
 
 
 def refillable(attempts: Iterable[AttemptRecord], after: int = 0) -> bool:
     """May an unmeasured slot get a fresh rerun budget? Only when every charged discard since
     the last refill was the machine's or the model API's fault: an envelope breach is the
-    agent's own doing (it would be re-rolled until it passes)."""
+    agent's own doing (it would be re-rolled until it passes), and so is a controller that
+    died during the attempt. A record without rules counts only as an infrastructure error."""
     atts = [a for a in attempts if a.verdict != "clean" and a.attempt_no > after and not any(r in UNCHARGED for r in a.reasons)]
-    return bool(atts) and all(
-        all(r.get("scope") in REFILLABLE_SCOPES for r in a.rules if r.get("breached")) or (not a.rules and a.reasons)
-        for a in atts)
+
+    def ok(a: AttemptRecord) -> bool:
+        if any(r in NOT_REFILLABLE for r in a.reasons):
+            return False
+        breached = [r for r in a.rules if r.get("breached")]
+        if not breached:
+            return bool(a.reasons) and set(a.reasons) <= {"infra_error"}
+        return all(r.get("scope") in REFILLABLE_SCOPES and r.get("rule") not in NOT_REFILLABLE for r in breached)
+
+    return bool(atts) and all(ok(a) for a in atts)
 
 
 def unmeasured_note(record: AttemptRecord, budget_used: int, max_reruns: int, task_id: str) -> str:

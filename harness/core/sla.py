@@ -59,6 +59,18 @@ def _io_rule(sla: SLA, host: HostDelta, counters: CounterDelta | None) -> RuleRe
     return _max_rule("host_io_pressure", "host", value, sla.host_io_pressure, what=what)
 
 
+def _memory_rule(sla: SLA, host: HostDelta, counters: CounterDelta | None) -> RuleResult | None:
+    """host_memory_pressure, less the attempt's own memory stall (its reclaim against its own
+    ceiling shows in the host's PSI too): an agent cannot get discarded by thrashing its memory."""
+    value, what = host.psi_memory_some_share, "host memory PSI some"
+    if value is not None and counters is not None and counters.psi_memory_some_us is not None:
+        wall = counters.wall_s if counters.wall_s > 0 else host.wall_s
+        if wall > 0:
+            own = counters.psi_memory_some_us / (wall * 1e6)
+            value, what = max(0.0, value - own), f"host memory PSI some less the attempt's own ({own:.1%})"
+    return _max_rule("host_memory_pressure", "host", value, sla.host_memory_pressure, what=what)
+
+
 def judge(
     sla: SLA,
     host: HostDelta | None,
@@ -95,7 +107,7 @@ def judge(
         cands = [
             contention,
             _max_rule("host_steal", "host", host.steal_share, sla.steal_share, what="steal"),
-            _max_rule("host_memory_pressure", "host", host.psi_memory_some_share, sla.host_memory_pressure, what="host memory PSI some"),
+            _memory_rule(sla, host, counters),
             _io_rule(sla, host, counters),
         ]
         if host.monitor_stall_s is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import threading
@@ -270,9 +271,10 @@ class Runner:
         if refill:
             refills, kept = refill_plan(run, ro.attempts(run.id))
             if not refills:
-                why = f"; {len(kept)} unmeasured slot(s) breached the envelope and are the agent's own: {', '.join(kept[:6])}" if kept else ""
+                why = (f"; {len(kept)} unmeasured slot(s) are kept as they are (an envelope breach or a dead controller "
+                       f"is the agent's own, and a slot is refilled once): {', '.join(kept[:6])}") if kept else ""
                 raise RunError(f"run {run.id}: no unmeasured slot to refill (only slots discarded for host or upstream reasons "
-                               f"are){why}")
+                               f"are, once){why}")
             run = run.model_copy(update={"refills": {**run.refills, **refills}})
         elif run.status == "complete":
             raise RunError(f"run {run.id} is complete; nothing to resume (unmeasured slots discarded for host or upstream "
@@ -373,10 +375,7 @@ class Runner:
 
     def _quiet_check(self, sink: Fanout, wait_s: float | None) -> None:
         """Probe the trial cores once (or until quiet, up to ``wait_s``) and say what keeps them busy."""
-        try:
-            probe_s = float(os.environ.get("HARNESS_PROBE_S", "0.3"))
-        except ValueError:
-            raise RunError(f"HARNESS_PROBE_S={os.environ['HARNESS_PROBE_S']!r}: seconds of the pre-run core probe, e.g. 0.3") from None
+        probe_s = probe_seconds()
         if probe_s <= 0:
             return
         cores = [c for c in self.pool.cpus if c not in self.pool.reserved]
@@ -779,9 +778,25 @@ def images_needed(suite: Suite, prep: Prepared) -> list[str]:
     return sorted(i for i in out if i)
 
 
+PROBE_MAX_S = 10.0
+
+
+def probe_seconds() -> float:
+    """$HARNESS_PROBE_S: seconds of the pre-run probe of the trial cores (default 0.3; 0 turns it off)."""
+    text = os.environ.get("HARNESS_PROBE_S", "0.3")
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0 <= v <= PROBE_MAX_S:  # also nan and inf
+        raise RunError(f"HARNESS_PROBE_S={text!r}: seconds of the pre-run core probe, from 0 (off) to {PROBE_MAX_S:g}, e.g. 0.3")
+    return v
+
+
 def refill_plan(run: RunRecord, attempts: list[AttemptRecord]) -> tuple[dict[str, int], list[str]]:
     """(slots to refill: "task/slot" -> their last attempt number, unmeasured slots kept as they
-    are because an envelope rule discarded them)."""
+    are: an envelope rule or a dead controller discarded them, or they were refilled once
+    already -- a slot unmeasured again after its refill is not the host's alone to explain)."""
     by_slot: dict[tuple[str, int], list[AttemptRecord]] = {}
     for a in attempts:
         by_slot.setdefault((a.task_id, a.slot), []).append(a)
@@ -792,7 +807,7 @@ def refill_plan(run: RunRecord, attempts: list[AttemptRecord]) -> tuple[dict[str
             after = run.refills.get(f"{task}/{i}", 0)
             if outcome.first_clean(atts) is not None or outcome.charged(atts, after) <= run.max_reruns:
                 continue
-            if outcome.refillable(atts, after):
+            if not after and outcome.refillable(atts, after):  # once per slot: unmeasured again after a refill stays so
                 out[f"{task}/{i}"] = max(a.attempt_no for a in atts)
             else:
                 kept.append(f"{task}/{i}")

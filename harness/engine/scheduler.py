@@ -123,7 +123,7 @@ def pin_process(cpus: list[int]) -> None:
             pass
 
 
-WAIT_NOTICE_S = 10.0  # how often a lease waiting for another controller's cores says so
+WAIT_NOTICE_S = 60.0  # a lease waiting for another controller's cores says so at once, when the holder changes, and this often
 
 
 def describe_holder(text: str) -> str:
@@ -154,6 +154,7 @@ class CpuPool:
         self.note = ""  # the run id, written into the lock files beside this controller's id
         self.on_wait: Any = None  # called with one line while a lease waits for another controller's cores
         self._waited = 0.0
+        self._wait_line = ""
 
     @classmethod
     def for_host(cls, reserve: int | None = None, cpus: list[int] | None = None) -> "CpuPool":
@@ -210,11 +211,12 @@ class CpuPool:
                     return got
             # other controllers hold too many of the free cores: wait for them, then try again
             self._check(deadline, stop)
-            if self.on_wait is not None and time.monotonic() - self._waited > WAIT_NOTICE_S:
-                self._waited = time.monotonic()
+            if self.on_wait is not None:
                 held = self.holders(sorted(self._free))
-                if held:
-                    self.on_wait("waiting for " + "; ".join(f"core {c} held by {h}" for c, h in sorted(held.items())))
+                line = "waiting for " + "; ".join(f"core {c} held by {h}" for c, h in sorted(held.items()))
+                if held and (line != self._wait_line or time.monotonic() - self._waited > WAIT_NOTICE_S):
+                    self._waited, self._wait_line = time.monotonic(), line
+                    self.on_wait(line)
             time.sleep(POLL_S * 4)
 
     def _check(self, deadline: float | None, stop: threading.Event | None) -> None:

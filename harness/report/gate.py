@@ -136,8 +136,10 @@ def check_requirement(req: Requirement, tasks: list[TaskOutcomes], confidence: f
         v, used = iv.high, f"the {confidence * 100:g}% upper bound ({ESTIMANDS[estimand]}; estimate {est:.3f})"
     else:
         v, used = est, "the point estimate (== has no one-sided bound)"
-    ok = req.holds(v)
+    ok = req.holds(v) and not (short and req.op == "==")
     msg = req.describe(v) + f" over {iv.n_tasks} task(s), judged on {used}"
+    if short and req.op == "==":
+        msg += f"; fails: {len(short)} task(s) short of k cannot show an exact value"
     details = []
     if short:
         details.append(f"{len(short)} task(s) with fewer than {req.k} clean trials counted at their worst ({worst:g}): {', '.join(short)}")
@@ -152,15 +154,17 @@ def check_requirement(req: Requirement, tasks: list[TaskOutcomes], confidence: f
 
 
 def check_per_task(req: Requirement, share: float, tasks: list[TaskOutcomes], text: str) -> GateCheck:
-    """At least ``share`` of the tasks (those with n >= k) meet ``req`` individually."""
-    vals = [(t.task_id, _task_value(req, t)) for t in tasks]
-    used = [(tid, v) for tid, v in vals if v is not None]
+    """At least ``share`` of the measured tasks meet ``req`` individually; a task with fewer
+    than k (but some) clean trials cannot show that it does, so it counts as not meeting it."""
+    vals = [(t.task_id, _task_value(req, t)) for t in tasks if t.n > 0]
+    measured = [(tid, v) for tid, v in vals if v is not None]
     excluded = [tid for tid, v in vals if v is None]
     name = f"per-task {text}"
-    if not used:
+    if not measured:
         return GateCheck(name, False, f"per-task {req.metric} cannot be computed: no task has {req.k} clean trial(s) -- that is a failure, not a pass")
-    meeting = [tid for tid, v in used if req.holds(v)]
-    missing = [(tid, v) for tid, v in used if not req.holds(v)]
+    used = measured + [(tid, math.nan) for tid in excluded]
+    meeting = [tid for tid, v in measured if req.holds(v)]
+    missing = [(tid, v) for tid, v in used if tid not in meeting]
     got = len(meeting) / len(used)
     ok = got >= share - _EPS
     need = math.ceil(share * len(used) - _EPS)
@@ -174,10 +178,22 @@ def check_per_task(req: Requirement, share: float, tasks: list[TaskOutcomes], te
         )
     details = []
     if missing and not ok:
-        details.append("not reaching it: " + ", ".join(f"{tid} ({v:.3f})" for tid, v in sorted(missing, key=lambda x: (x[1], x[0]))))
+        details.append("not reaching it: " + ", ".join(f"{tid} ({'short of k' if math.isnan(v) else format(v, '.3f')})"
+                                                       for tid, v in sorted(missing, key=lambda x: (math.isnan(x[1]), x[1], x[0]))))
     if excluded:
-        details.append(f"{len(excluded)} task(s) with fewer than {req.k} clean trials left out: {', '.join(excluded)}")
+        details.append(f"{len(excluded)} task(s) with fewer than {req.k} clean trials counted as not reaching it: {', '.join(excluded)}")
     return GateCheck(name, ok, msg, details)
+
+
+def check_measured(tasks: list[TaskOutcomes]) -> GateCheck | None:
+    """A task with no clean trial at all is in no figure: the gate cannot vouch for it."""
+    none = [t for t in tasks if t.n == 0]
+    if not none:
+        return None
+    return GateCheck("every task measured", False,
+                     f"{len(none)} of {len(tasks)} task(s) have no clean trial and are in no figure -- a gate cannot vouch for "
+                     "them; once the cause is gone, `harness run --resume RUN --refill-unmeasured` measures them",
+                     [f"{t.task_id}: {t.marks()}" for t in none[:20]])
 
 
 def check_baseline(
