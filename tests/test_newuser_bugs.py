@@ -62,7 +62,7 @@ def test_make_eval_builds_the_users_suite_images():
     assert re.search(r"^eval: suite-images$", mk, re.M) and re.search(r"^gate: suite-images$", mk, re.M)
 
 
-def _report_of(tmp_path, marks: dict[str, str]):
+def _report_of(tmp_path, marks: dict[str, str], ks=(1, 2)):
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -72,7 +72,7 @@ def _report_of(tmp_path, marks: dict[str, str]):
 
     url = f"sqlite:///{tmp_path}/h.db"
     store = Store.open(url)
-    add_run(store, "r1", marks, ks=(1, 2))
+    add_run(store, "r1", marks, ks=ks)
     return store, url
 
 
@@ -104,3 +104,16 @@ def test_sweep_figure_counts_have_whole_ticks():
             for i in range(3)]
     fig = fig_sweep(rows, [1])
     assert fig.layout.yaxis2.tickformat == "d" and fig.layout.yaxis2.dtick == 1
+
+
+def test_junit_fails_a_task_short_of_k_that_already_failed(tmp_path):
+    # 2 clean trials, both failed, k = 4: pass^4 < 1 whatever the missing trials would do
+    _, url = _report_of(tmp_path, {"t1": "✗✗··", "t2": "✓✓··", "t3": "✓✓✓✓"}, ks=(1, 4))
+    r = runner.invoke(app, ["report", "r1", "--format", "junit", "--k", "4", "--db", url])
+    assert r.exit_code == 0, r.output
+    root = ET.fromstring(r.stdout)
+    assert "2 of 2 clean trial(s) failed" in root.find(".//testcase[@name='t1']/failure").get("message")
+    assert "all passing" in root.find(".//testcase[@name='t2']/skipped").get("message")
+    assert root.find(".//testcase[@name='t3']/failure") is None
+    r4 = runner.invoke(app, ["gate", "r1", "--per-task", "pass@1>=0:0.5", "--confidence", "0.95", "--db", url])
+    assert r4.exit_code == 2 and "give --require" in r4.output

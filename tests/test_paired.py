@@ -101,10 +101,11 @@ def test_nothing_can_move_and_too_few_tasks():
     same = compare_runs([counts("a", 4, 4), counts("b", 4, 0)], [counts("a", 4, 4), counts("b", 3, 0)], ks=[1])
     assert same.test.method == "none" and same.suite[0].noise_floor == 0.0 and not same.suite[0].beyond_noise
     tiny = compare_runs([counts("a", 1, 0), counts("b", 1, 0)], [counts("a", 1, 1), counts("b", 1, 1)], ks=[1])
-    assert tiny.best_p == pytest.approx(0.25 + 0.25)  # every task at its extreme, either way
+    assert tiny.best_p == pytest.approx(0.5 * (0.25 + 0.25))  # mid-p of every task at its extreme, either way
+    assert tiny.suite[0].noise_floor == pytest.approx(1.0)  # nothing reaches alpha: the floor is the largest possible |Δ|
     assert tiny.suite[0].delta == 1.0 and not tiny.suite[0].beyond_noise
     big = compare_runs([counts(f"t{i}", 4, 0) for i in range(6)], [counts(f"t{i}", 4, 4) for i in range(6)], ks=[2], n_perm=2000)
-    assert big.best_p == pytest.approx(2 * (1 / 70) ** 6)
+    assert big.best_p == pytest.approx((1 / 70) ** 6)
     assert big.suite[0].beyond_noise and big.suite[0].p_value < 0.001
 
 

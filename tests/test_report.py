@@ -177,7 +177,8 @@ def test_unmeasured_slots_and_failure_kinds(db):
     assert k4["n_tasks"] == 1 and k4["pass^k"]["estimate"] == 0.0 and set(k4["pass^k"]["excluded"]) == {"a", "c"}
     assert rep["suite"]["pass@1"]["estimate"] == pytest.approx((1 + 0) / 2)
     assert any("unmeasured slot" in w for w in rep["warnings"])
-    assert any("k=4" in w and "a, c" in w for w in rep["warnings"])
+    assert any("k=4" in w and "1 measured task(s)" in w and ": a; and 1 unmeasured" in w for w in rep["warnings"])
+    assert k4["pass^k"]["short"] == ["a"] and k4["pass^k"]["sensitivity"] == 0.0
 
 
 def test_report_is_recomputed_when_an_attempt_is_added(db):

@@ -144,7 +144,8 @@ def test_a_busy_host_ends_the_run_non_zero_and_refill_completes_it(docker_client
         nb.remove(force=True)
     assert r.returncode == 3, (r.returncode, r.stderr)
     assert "busy trial cores" in r.stderr and "python3" in r.stderr  # the pre-run probe named the neighbour
-    assert "2 of 2 slot(s) unmeasured" in r.stderr and "host_cpu_contention" in r.stderr and "--refill-unmeasured" in r.stderr
+    assert "2 of 2 slot(s) unmeasured" in r.stderr and "host_cpu_contention" in r.stderr
+    assert f"--refill-unmeasured --db {db_url(tmp_path)}" in r.stderr.replace("\n", "")  # a command to copy, with its store
     out = json.loads(r.stdout)
     t = out["tasks"][0]
     assert t["n"] == 0 and t["outcomes"] == []

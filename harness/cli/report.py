@@ -167,8 +167,8 @@ def gate(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Fail on any task that passed every trial in this run and no longer does."),
     confidence: Optional[float] = typer.Option(None, "--confidence", help="Gate suite requirements on the one-sided bound at this "
                                                "confidence (e.g. 0.95: the lower bound for >=) instead of the point estimate."),
-    estimand: str = typer.Option("tasks", "--estimand", help="With --confidence: 'tasks' (tasks like these; the default) or "
-                                 "'suite' (this fixed suite, trial noise only)."),
+    estimand: Optional[str] = typer.Option(None, "--estimand", help="With --confidence: 'tasks' (tasks like these; the default) or "
+                                           "'suite' (this fixed suite, trial noise only)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
@@ -203,11 +203,14 @@ def gate(
     from harness.report.gate import GateCheck, check_baseline, check_measured, check_per_task, check_requirement, parse_per_task, parse_requirement
 
     if confidence is not None and not 0.5 < confidence < 1:
-        die(f"--confidence {confidence:g}: use a level between 0.5 and 1, e.g. 0.95")
-    if estimand not in ("tasks", "suite"):
+        die(f"--confidence {confidence:g}: use a level strictly between 0.5 and 1, e.g. 0.95")
+    if estimand is not None and estimand not in ("tasks", "suite"):
         die(f"--estimand {estimand!r}: use 'tasks' (tasks like these) or 'suite' (this fixed suite)")
-    if estimand != "tasks" and confidence is None:
+    if estimand is not None and confidence is None:
         die("--estimand chooses the interval a --confidence bound is read from; pass --confidence too")
+    if confidence is not None and not require:
+        die("--confidence bounds a suite requirement: give --require 'pass^4>=0.9' with it (--per-task and --baseline judge counts)")
+    estimand = estimand or "tasks"
     if not require and not per_task and baseline is None:
         die("nothing to check: pass --require 'pass^4>=0.9', --per-task 'pass^4==1:0.9' or --baseline RUN")
     try:

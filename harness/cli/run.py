@@ -147,6 +147,7 @@ def run(
     else:
         runner = Runner.plan(opts, db=db)
     r = runner.run
+    at = _db_arg(db)  # the hints below name the store this run is in
     if not json_out:
         err.print(
             f"run [bold]{r.id}[/]  suite {r.suite} ({len(r.task_ids)} tasks x {r.trials} trials)  profile {r.profile}  "
@@ -171,7 +172,7 @@ def run(
             runner.execute(events=display, wait_quiet=wait_quiet)
         except KeyboardInterrupt:
             err.print(f"\n[yellow]interrupted[/]: containers of run {r.id} removed; the run is marked interrupted "
-                      f"(continue it with `harness run --resume {r.id}`).")
+                      f"(continue it with `harness run --resume {r.id}{at}`).")
             raise typer.Exit(130)
     wall = time.monotonic() - t0
     stored = runner.store.get_run(r.id)
@@ -183,14 +184,15 @@ def run(
         print(json.dumps(summary, indent=2))
     else:
         print_summary(summary)
-        console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}   per-attempt: harness trials {r.id}[/]")
+        console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}{at}   per-attempt: harness trials {r.id}{at}[/]",
+                      highlight=False)
     slots = len(r.task_ids) * r.trials
     unmeasured = int(summary.get("unmeasured_slots") or 0)
     if slots and unmeasured / slots > max_unmeasured + 1e-12:
         rule, count = _top_rule(summary)
         err.print(f"[bold red]{unmeasured} of {slots} slot(s) unmeasured[/] ({unmeasured / slots:.0%} > --max-unmeasured "
-                  f"{max_unmeasured:g}); the rule that discarded most: {rule} ({count} of the unmeasured slots) -- see `harness report {r.id}`; "
-                  f"once the cause is gone, `harness run --resume {r.id} --refill-unmeasured` reruns them (exit 3)",
+                  f"{max_unmeasured:g}); the rule that discarded most: {rule} ({count} of the unmeasured slots) -- see `harness report {r.id}{at}`; "
+                  f"once the cause is gone, `harness run --resume {r.id} --refill-unmeasured{at}` reruns them (exit 3)",
                   highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_INFRA)
     if not_run:  # the figures cover fewer tasks than the suite has: not a clean exit
@@ -198,6 +200,23 @@ def run(
             err.print(f"[yellow]{len(not_run)} task(s) could not run here[/] and are in no figure: {', '.join(sorted(not_run))} "
                       "(exit 3; the reasons are above and in `harness report`)", highlight=False)
         raise typer.Exit(EXIT_INFRA)
+
+
+def _db_arg(db: str | None) -> str:
+    """' --db URL' for a hint to copy, with a password in the URL masked (it reaches terminals and CI logs)."""
+    if not db:
+        return ""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        u = urlsplit(db)
+        if u.password:
+            db = urlunsplit((u.scheme, f"{u.username}:***@{u.hostname}" + (f":{u.port}" if u.port else ""), u.path, u.query, u.fragment))
+    except ValueError:
+        db = "<your --db>"
+    from rich.markup import escape
+
+    return escape(" --db " + shlex.quote(db))
 
 
 def _top_rule(summary: dict[str, Any]) -> tuple[str, int]:

@@ -74,17 +74,30 @@ class _Stratum:
         return max(0.0, math.fsum(p * (v - mean) ** 2 for p, v in zip(self.pmf, d)))
 
 
-def _best_p(strata: Sequence[_Stratum], spec: tuple[str, int]) -> float:
-    # The most extreme outcome the tasks allow in either direction: every task at the end of
-    # its support. Its two-sided p-value is at least P(that outcome) + P(the opposite one).
-    lo = hi = 1.0
+def _extremes(strata: Sequence[_Stratum], spec: tuple[str, int]) -> tuple[float, float, float, float]:
+    """(largest B - A sum, its probability, smallest sum, its probability): every task at one
+    end of its support (fewest passes dealt to A gives the largest B - A)."""
+    top = bottom = 0.0
+    p_top = p_bottom = 1.0
     for s in strata:
         d = s.contrib[spec]
-        if d is None or len(d) < 2:
+        if d is None:
             continue
-        hi *= s.pmf[0]   # fewest passes dealt to A: the largest B - A
-        lo *= s.pmf[-1]
-    return min(1.0, hi + lo) if any(s.contrib[spec] and len(s.contrib[spec]) > 1 for s in strata) else 1.0
+        top, bottom = top + d[0], bottom + d[-1]
+        if len(d) > 1:
+            p_top, p_bottom = p_top * s.pmf[0], p_bottom * s.pmf[-1]
+    return top, p_top, bottom, p_bottom
+
+
+def _best_p(strata: Sequence[_Stratum], spec: tuple[str, int]) -> float:
+    """The smallest two-sided mid-p any outcome of these tasks can give: that of the most
+    extreme outcome (half its probability, and half the opposite one's when it is as extreme)."""
+    if not any(s.contrib[spec] is not None and len(s.contrib[spec]) > 1 for s in strata):
+        return 1.0
+    top, p_top, bottom, p_bottom = _extremes(strata, spec)
+    if abs(abs(top) - abs(bottom)) <= _TIE * max(abs(top), abs(bottom), 1e-12):
+        return min(1.0, 0.5 * (p_top + p_bottom))
+    return min(1.0, 0.5 * (p_top if abs(top) > abs(bottom) else p_bottom))
 
 
 def compare_runs(
@@ -195,7 +208,11 @@ def compare_runs(
             ties = sum(1 for m in max_t if z * (1 - _TIE) <= m <= z * (1 + _TIE))
             p = min(1.0, (1 + over + 0.5 * ties) / (1 + n_perm))
             beyond = p <= alpha + 1e-12
-            floor = crit * sd[spec] if math.isfinite(crit) else 2.0
+            if math.isfinite(crit):
+                floor = crit * sd[spec]
+            else:  # no deal reaches alpha: the floor is as far as Δ can go on these tasks
+                top, _, bottom, _ = _extremes(strata, spec)
+                floor = max(abs(top), abs(bottom)) / used[spec]
             # the printed interval agrees with the test at the edge (discreteness, rounding)
             floor = min(floor, abs(delta) * (1 - 1e-12)) if beyond else max(floor, abs(delta))
         else:
@@ -206,7 +223,7 @@ def compare_runs(
                 metric=metric, k=k, a=math.fsum(va) / len(va), b=math.fsum(vb) / len(vb), delta=delta,
                 low=max(-1.0, delta - floor), high=min(1.0, delta + floor), conf=conf,
                 n_tasks=len(rows), excluded=[a.task_id for (a, b), s in zip(pairs, strata) if s.contrib[spec] is None],
-                noise_floor=min(floor, 2.0), p_value=p, beyond_noise=beyond,
+                noise_floor=min(floor, 2.0), p_value=p, beyond_noise=beyond,  # the interval is clipped to [-1, 1]
             )
         )
 

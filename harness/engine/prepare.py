@@ -44,8 +44,8 @@ def effective_profile(profile: Profile, task: Task, task_overrides: bool, adjust
         p = profile.with_override(task.envelope) if task_overrides else profile
     except ValueError as e:  # pydantic's ValidationError is a ValueError
         where = task.source or f"task {task.id}"
-        first = str(e).splitlines()
-        detail = "; ".join(x.strip() for x in first[1:3]) if len(first) > 1 else str(e)
+        errs = e.errors() if hasattr(e, "errors") else []
+        detail = "; ".join(str(x.get("msg", "")).removeprefix("Value error, ") for x in errs) if errs else str(e)
         raise ProfileError(f"{where}: [envelope] does not fit profile {profile.name!r}: {detail} -- change the task's "
                            "[envelope] or run with another --profile") from None
     if adjustment:

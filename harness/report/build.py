@@ -390,7 +390,12 @@ def build_report(
     for kk in ks:
         excl = sm.by_k[kk].excluded
         if excl and len(excl) < len(outs):
-            warnings.append(f"k={kk}: {len(excl)} task(s) with fewer than {kk} clean trials left out: {', '.join(excl)}")
+            short = [t.task_id for t in outs if 0 < t.n < kk]
+            none = [t for t in excl if t not in short]
+            if short:
+                warnings.append(f"k={kk}: {len(short)} measured task(s) with fewer than {kk} clean trials left out of pass@{kk}/pass^{kk}"
+                                f" (the table gives the figure counting them as 0): {', '.join(short)}"
+                                + (f"; and {len(none)} unmeasured" if none else ""))
         elif excl and kk == 1:
             warnings.append("no task has a clean trial yet; no figure can be computed")
         elif excl:

@@ -179,8 +179,9 @@ def render_html(report: dict[str, Any], *, extra_sections: Sequence[Section] = (
 def render_junit(report: dict[str, Any]) -> str:
     """JUnit XML: one testcase per task, failing when its pass^k (k = gate_k) is below 1.
 
-    A task with fewer than k clean trials cannot be judged and is ``skipped`` (unmeasured
-    slots are never counted as a pass or a fail). The ✓/✗ string and failure kinds are in
+    A task with fewer than k clean trials fails when one of them failed (pass^k < 1 either
+    way) and is ``skipped`` when all passed or none is clean (unmeasured slots are never
+    counted as a pass or a fail). The ✓/✗ string and failure kinds are in
     the failure message.
     """
     k = report["gate_k"]
@@ -210,9 +211,17 @@ def render_junit(report: dict[str, Any]) -> str:
         if tu is not None:
             detail.append(_junit_usage_text(tu))
             _junit_props(tc, _usage_props(tu))
-        if v is None:
+        if v is None and t["n"] > 0 and t["c"] < t["n"]:
+            # fewer than k clean trials, but a failed one already shows that not every try passes
+            failures += 1
+            first = next((f for f in t.get("failed_trials") or [] if f["reason"]), None)
+            msg = (f"{metric} < 1: {t['n'] - t['c']} of {t['n']} clean trial(s) failed (fewer than k={k} clean trials): {t['marks']}"
+                   + (f" ({fk})" if fk else "") + (f"; trial {first['slot']}: {printable(first['reason'])[:200]}" if first else ""))
+            ET.SubElement(tc, "failure", message=msg, type=metric).text = "\n".join(detail)
+        elif v is None:
             skipped += 1
-            ET.SubElement(tc, "skipped", message=f"unmeasured: {t['n']} clean trial(s) < k={k}; {metric} cannot be computed ({t['marks']})").text = "\n".join(detail)
+            why = f"{t['n']} clean trial(s), all passing, < k={k}" if t["n"] else "no clean trial (unmeasured)"
+            ET.SubElement(tc, "skipped", message=f"{why}; {metric} cannot be judged ({t['marks']})").text = "\n".join(detail)
         elif v < 1.0 - 1e-12:
             failures += 1
             msg = f"{metric} = {f3(v)} < 1: {t['marks']}" + (f" ({fk})" if fk else "")
