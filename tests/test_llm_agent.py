@@ -42,7 +42,7 @@ REFUNDS_TOOL = " ".join([*PY, str(TOOLS / "refunds.py")])
 TASK_IDS = [t.id for t in SUITE.tasks]
 TICKET = {t.id: re.search(r"Ticket #(\d+)", t.prompt).group(1) for t in SUITE.tasks}
 SCRIPT = json.loads(DEFAULT_SCRIPT.read_text())["tickets"]
-SEEDS = range(8)
+SEEDS = range(4)  # every ticket's variants cycle with the seed in at most 4 steps: seeds 0..3 meet them all
 KEY = f"sk-test-upstream-{uuid.uuid4().hex}"
 PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"}
 
@@ -209,13 +209,14 @@ def test_each_variant_grades_as_intended(upstream, fixtures, tmp_path, task_id, 
 
 
 def test_seed_matrix(upstream, fixtures, tmp_path):
-    """Seeds 0..7 on every task, the variant chosen by the seed the agent sends: the pattern
+    """Seeds 0..3 on every task, the variant chosen by the seed the agent sends: the pattern
     the script promises, some tasks always solved, some never, the rest sometimes."""
     jobs = [(t, s) for t in TASK_IDS for s in SEEDS]
     with ThreadPoolExecutor(max_workers=4) as pool:
         runs = dict(zip(jobs, pool.map(lambda j: run_agent(upstream, j[0], tmp_path / f"{j[0]}-{j[1]}", fixtures[j[0]], seed=j[1]), jobs)))
     assert all(r.rc == 0 for r in runs.values()), {j: r.stderr for j, r in runs.items() if r.rc}
-    lines, classes = [f"{'task':28s} seeds 0..7", "-" * 40], {}
+    assert max(len(v["by_seed"]) for v in SCRIPT.values()) <= len(SEEDS)  # every variant is met
+    lines, classes = [f"{'task':28s} seeds 0..{len(SEEDS) - 1}", "-" * 40], {}
     for t in TASK_IDS:
         row = "".join("P" if runs[(t, s)].passed else "." for s in SEEDS)
         assert row == "".join("P" if is_correct(variant_of(t, s)) else "." for s in SEEDS), t

@@ -147,7 +147,10 @@ def test_upstream_errors_discard_the_attempt_and_the_rerun_passes(tmp_path, dock
     assert scope[rule] == "upstream"
     assert first.outcome is None or first.verdict == "discarded"  # never scored
     assert last.verdict == "clean" and last.outcome == "pass", (last.reasons, last.grade_reason)
-    assert last.attempt_no == first.attempt_no + 1 and last.seed == first.seed
+    assert last.seed == first.seed and [a.attempt_no for a in attempts] == list(range(first.attempt_no, last.attempt_no + 1))
+    # a busy host may discard an attempt in between (host rules); it is rerun the same way
+    assert all(a.verdict == "discarded" and set(a.reasons) <= {"host_cpu_contention", "host_steal", rule} for a in attempts[1:-1]), \
+        [(a.attempt_no, a.reasons) for a in attempts]
     errors = [c for c in first.model_calls if c["status"] == status]
     assert len(errors) == 4
 
