@@ -9,6 +9,7 @@ import time
 from fractions import Fraction
 
 import pytest
+from scipy import stats  # a [test] dependency: missing, the module fails to import (never a skip)
 from pydantic import ValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -259,7 +260,6 @@ def test_wilson_reference_values():
 
 
 def test_wilson_matches_textbook_formula():
-    stats = pytest.importorskip("scipy.stats")
     z = stats.norm.ppf(0.95)
     for c, n in [(3, 7), (1, 20), (19, 20), (50, 100)]:
         p = c / n
@@ -271,7 +271,6 @@ def test_wilson_matches_textbook_formula():
 
 
 def test_clopper_pearson_vs_scipy():
-    stats = pytest.importorskip("scipy.stats")
     cases = [(c, n) for n in (1, 2, 5, 10, 30) for c in range(n + 1)]
     cases += [(1, 1000), (999, 1000), (500, 1000), (3, 100_000), (17, 250)]
     for conf in (0.95, 0.8):
@@ -286,7 +285,6 @@ def test_clopper_pearson_vs_scipy():
 
 
 def test_special_functions_vs_scipy():
-    stats = pytest.importorskip("scipy.stats")
     for p in (1e-300, 1e-10, 0.001, 0.025, 0.3, 0.5, 0.8, 0.975, 1 - 1e-12):
         assert est.normal_ppf(p) == pytest.approx(stats.norm.ppf(p), rel=1e-12, abs=1e-15)
     for x, a, b in [(0.3, 2, 5), (0.9, 0.5, 0.5), (0.01, 50, 3), (0.5, 200, 180)]:
@@ -363,7 +361,6 @@ def test_task_variance_matches_enumeration():
 
 
 def test_t_quantiles_against_scipy():
-    stats = pytest.importorskip("scipy.stats")
     for df in (1, 2, 7, 15, 49, 300):
         for q in (0.6, 0.9, 0.975, 0.995):
             assert est.t_ppf(q, df) == pytest.approx(stats.t.ppf(q, df), rel=1e-9)
@@ -434,7 +431,6 @@ def test_drift_detected_and_not():
 
 
 def test_cochran_q_hand_computed():
-    stats = pytest.importorskip("scipy.stats")
     rows = ["✓✓✗", "✓✗✗", "✓✓✓", "✗✗✗", "✓✗✗", "✓✓✗"]
     tasks = [T(f"t{i}", r) for i, r in enumerate(rows)]
     # Columns: 5, 3, 1; rows: 2, 1, 3, 0, 1, 2; N = 9; T = 3.
@@ -482,7 +478,6 @@ def test_overdispersion_chi2_is_pearsons_homogeneity_test():
     """Against scipy's Pearson chi-square on the 2 x T table of passes and failures (no
     continuity correction): statistic and p-value agree; Tarone's S (not divided by n) would
     give a p-value orders of magnitude smaller and fire on nearly every run."""
-    stats = pytest.importorskip("scipy.stats")
     rng = random.Random(11)
     for _ in range(20):
         tasks = [counts(f"t{i}", n, rng.randint(0, n)) for i, n in enumerate(rng.choices([4, 8, 16], k=rng.randint(3, 12)))]
@@ -507,7 +502,6 @@ def test_pass_hat_k_keeps_its_digits_when_few_trials_pass():
 
 
 def test_sample_size_helpers():
-    stats = pytest.importorskip("scipy.stats")
     za, zb = stats.norm.ppf(0.975), stats.norm.ppf(0.8)
     p1, p2 = 0.6, 0.7
     pbar = 0.65

@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from scipy import stats  # a [test] dependency: missing, the module fails to import (never a skip)
 
 from harness.core.paired import aa_floor, compare_runs, power_paired, tasks_needed_paired
 from harness.model.outcomes import TaskOutcomes
@@ -131,7 +132,6 @@ def test_aa_floor():
 
 
 def test_power_against_noncentral_t():
-    stats = pytest.importorskip("scipy.stats")
     for T_, delta, sd in [(8, 0.1, 0.15), (16, 0.1, 0.2), (30, 0.05, 0.15), (50, 0.02, 0.1)]:
         df, ncp = T_ - 1, delta * math.sqrt(T_) / sd
         crit = stats.t.ppf(0.975, df)

@@ -112,7 +112,7 @@ def _sampling(client, prof, cpuset, seconds: float, hz: float) -> dict:
         c0 = time.process_time()
         time.sleep(seconds)
         idle_cpu = time.process_time() - c0
-        mon = Monitor(sb._reader.read, cpuset, hz)
+        mon = Monitor(lambda t: sb._reader.read(t, io=False), cpuset, hz)  # as measured_exec samples
         c0 = time.process_time()
         mon.start(time.monotonic(), host0, cg0)
         time.sleep(seconds)

@@ -44,6 +44,12 @@ def _max_rule(rule: str, scope: Scope, value: float | None, threshold: float | N
 OWN_IO_SHARE = 0.5  # an attempt that did at least this share of the host's disk bytes owns its io stall
 
 
+def _own_share(stall_us: int | None, host: HostDelta, counters: CounterDelta) -> float | None:
+    """The attempt's own PSI stall (per-cgroup, microseconds) as a share of its wall time."""
+    wall = counters.wall_s if counters.wall_s > 0 else host.wall_s
+    return stall_us / (wall * 1e6) if stall_us is not None and wall > 0 else None
+
+
 def _io_rule(sla: SLA, host: HostDelta, counters: CounterDelta | None) -> RuleResult | None:
     """host_io_pressure, with the attempt's own io stall taken out when the attempt itself did
     most of the disk traffic: an agent cannot get its failures discarded by thrashing the disk."""
@@ -51,9 +57,8 @@ def _io_rule(sla: SLA, host: HostDelta, counters: CounterDelta | None) -> RuleRe
     what = "host io PSI some"
     own_bytes = None if counters is None or counters.io_read_bytes is None else (counters.io_read_bytes or 0) + (counters.io_write_bytes or 0)
     if value is not None and own_bytes is not None and host.disk_bytes and own_bytes >= OWN_IO_SHARE * host.disk_bytes:
-        wall = counters.wall_s if counters is not None and counters.wall_s > 0 else host.wall_s
-        own = counters.psi_io_some_us / (wall * 1e6) if counters is not None and counters.psi_io_some_us is not None and wall > 0 else value
-        value = max(0.0, value - own)
+        own = _own_share(counters.psi_io_some_us, host, counters)
+        value = max(0.0, value - (value if own is None else own))
         what = (f"host io PSI some less the attempt's own (it did {min(1.0, own_bytes / host.disk_bytes):.0%} of the disks' "
                 f"{format_size(host.disk_bytes)})")
     return _max_rule("host_io_pressure", "host", value, sla.host_io_pressure, what=what)
@@ -63,11 +68,9 @@ def _memory_rule(sla: SLA, host: HostDelta, counters: CounterDelta | None) -> Ru
     """host_memory_pressure, less the attempt's own memory stall (its reclaim against its own
     ceiling shows in the host's PSI too): an agent cannot get discarded by thrashing its memory."""
     value, what = host.psi_memory_some_share, "host memory PSI some"
-    if value is not None and counters is not None and counters.psi_memory_some_us is not None:
-        wall = counters.wall_s if counters.wall_s > 0 else host.wall_s
-        if wall > 0:
-            own = counters.psi_memory_some_us / (wall * 1e6)
-            value, what = max(0.0, value - own), f"host memory PSI some less the attempt's own ({own:.1%})"
+    own = _own_share(counters.psi_memory_some_us, host, counters) if counters is not None else None
+    if value is not None and own is not None:
+        value, what = max(0.0, value - own), f"host memory PSI some less the attempt's own ({own:.1%})"
     return _max_rule("host_memory_pressure", "host", value, sla.host_memory_pressure, what=what)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.model.errors import LeaseTimeout, SchedulerError
+from harness.model.units import one_line
 from harness.sandbox.owners import controller_id
 
 POLL_S = 0.05
@@ -131,8 +132,7 @@ def describe_holder(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     who = lines[0].rsplit(":", 1)[-1] if lines else "?"
     run = next((ln[4:] for ln in lines[1:] if ln.startswith("run ")), "")
-    safe = lambda s: "".join(ch if ch.isprintable() else "\ufffd" for ch in s)[:60]  # noqa: E731
-    return f"pid {safe(who)}" + (f" (run {safe(run)})" if run else "")
+    return f"pid {one_line(who)}" + (f" (run {one_line(run)})" if run else "")
 
 
 @dataclass

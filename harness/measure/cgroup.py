@@ -450,19 +450,25 @@ def parse_v1_bps_device(text: str) -> dict[str, int]:
     return out
 
 
+def _device_lines(text: str) -> list[tuple[str, dict[str, str]]]:
+    """'MAJ:MIN key=value ...' lines (v2 io.max, io.stat) -> [(device, {key: value})]."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and ":" in parts[0]:
+            out.append((parts[0], dict(p.split("=", 1) for p in parts[1:] if "=" in p)))
+    return out
+
+
 def parse_io_max(text: str) -> tuple[dict[str, int], dict[str, int]]:
     """v2 ``io.max``: 'MAJ:MIN rbps=N wbps=max riops=max wiops=max' lines -> (read bps, write bps) per device
     (a 'max' entry is no limit and is left out)."""
     rd, wr = {}, {}
-    for line in text.splitlines():
-        parts = line.split()
-        if not parts or ":" not in parts[0]:
-            continue
-        kv = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+    for dev, kv in _device_lines(text):
         if kv.get("rbps", "max").isdigit():
-            rd[parts[0]] = int(kv["rbps"])
+            rd[dev] = int(kv["rbps"])
         if kv.get("wbps", "max").isdigit():
-            wr[parts[0]] = int(kv["wbps"])
+            wr[dev] = int(kv["wbps"])
     return rd, wr
 
 
@@ -470,20 +476,18 @@ def parse_io_bytes(text: str, version: int) -> tuple[int, int]:
     """Bytes read and written, summed over devices: v1 ``blkio.throttle.io_service_bytes``
     ('MAJ:MIN Read N' lines), v2 ``io.stat`` ('MAJ:MIN rbytes=N wbytes=N ...')."""
     rd = wr = 0
+    if version == 2:
+        for _, kv in _device_lines(text):
+            rd += int(kv["rbytes"]) if kv.get("rbytes", "").isdigit() else 0
+            wr += int(kv["wbytes"]) if kv.get("wbytes", "").isdigit() else 0
+        return rd, wr
     for line in text.splitlines():
         parts = line.split()
-        if not parts or ":" not in parts[0]:
-            continue
-        if version == 1:
-            if len(parts) == 3 and parts[2].isdigit():
-                if parts[1] == "Read":
-                    rd += int(parts[2])
-                elif parts[1] == "Write":
-                    wr += int(parts[2])
-        else:
-            kv = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-            rd += int(kv.get("rbytes", "0")) if kv.get("rbytes", "0").isdigit() else 0
-            wr += int(kv.get("wbytes", "0")) if kv.get("wbytes", "0").isdigit() else 0
+        if len(parts) == 3 and ":" in parts[0] and parts[2].isdigit():
+            if parts[1] == "Read":
+                rd += int(parts[2])
+            elif parts[1] == "Write":
+                wr += int(parts[2])
     return rd, wr
 
 
@@ -598,14 +602,15 @@ class SnapshotReader:
             "read the final counters before stopping it"
         )
 
-    def read(self, t: float) -> CgroupSnapshot:
-        """One snapshot at monotonic time ``t``. Raises CgroupError if the cgroup is gone."""
+    def read(self, t: float, io: bool = True) -> CgroupSnapshot:
+        """One snapshot at monotonic time ``t``. Raises CgroupError if the cgroup is gone.
+        ``io=False`` skips the block I/O file (the saturation samples do not keep it)."""
         psi = [parse_psi(x) if (x := _read(p)) is not None else None for p in self._psi]
         pc = _read(self._pids_current)
         pp = _read(self._pids_peak)
         pe = _read(self._pids_events)
         pids_hits = parse_flat_keyed(pe).get("max") if pe is not None else None
-        iob = _read(self._io_bytes)
+        iob = _read(self._io_bytes) if io else None
         io_rd, io_wr = parse_io_bytes(iob, self.version) if iob is not None else (None, None)
         if self.version == 2:
             stat_text = _read(self._usage)

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from harness.measure.cgroup import detect_cgroup_version, parse_psi
 from harness.model.counters import PSI, HostSnapshot
+from harness.model.units import one_line
 
 __all__ = [
     "busy_cores",
@@ -171,8 +172,9 @@ def block_device_of(path: str, sys_root: str | os.PathLike = "/") -> tuple[str, 
     return f"/dev/{name}", dev
 
 
-def read_host_snapshot(t: float, proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK) -> HostSnapshot:
-    """Host contention counters at monotonic time ``t`` (PSI files absent -> None)."""
+def read_host_snapshot(t: float, proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK, disk: bool = True) -> HostSnapshot:
+    """Host contention counters at monotonic time ``t`` (PSI files absent -> None). ``disk=False``
+    skips /proc/diskstats (the saturation samples do not keep disk bytes)."""
     proc_root = str(proc_root)
     stat = _read(os.path.join(proc_root, "stat"))
     meminfo = _read(os.path.join(proc_root, "meminfo"))
@@ -188,7 +190,7 @@ def read_host_snapshot(t: float, proc_root: str | os.PathLike = "/proc", clk_tck
         psi_memory=_psi(proc_root, "memory"),
         psi_io=_psi(proc_root, "io"),
         mem_available=mem_available(parse_meminfo(meminfo)),
-        disk_bytes=_disk_bytes(proc_root),
+        disk_bytes=_disk_bytes(proc_root) if disk else None,
     )
 
 
@@ -240,11 +242,6 @@ def host_facts(proc_root: str | os.PathLike = "/proc", sys_root: str | os.PathLi
 # --------------------------------------------------------------------------- busy cores
 
 
-def _printable(s: str) -> str:
-    # a process name is anybody's text: no control characters (terminal escapes) in a notice
-    return "".join(ch if ch.isprintable() else "\ufffd" for ch in s)[:60]
-
-
 def _proc_times(proc_root: str) -> dict[int, tuple[str, int, int]]:
     """pid -> (name, utime + stime in ticks, last CPU) for every process, from /proc/PID/stat."""
     out: dict[int, tuple[str, int, int]] = {}
@@ -291,6 +288,6 @@ def busy_cores(cores: list[int], seconds: float, threshold: float = 0.5, proc_ro
                 continue
             used = (ticks - pa[pid][1]) * 1e6 / clk_tck / wall_us
             if used >= 0.05:
-                who.append((used, f"pid {pid} {_printable(name)} ({used:.0%})"))
+                who.append((used, f"pid {pid} {one_line(name)} ({used:.0%})"))
         out[c] = (min(1.0, share), [w for _, w in sorted(who, reverse=True)[:3]])
     return out

@@ -54,7 +54,7 @@ class Monitor:
     def _sample(self) -> None:
         t = time.monotonic()
         cg = self._reader(t)  # an error here (the cgroup going away) is counted by _loop
-        host = hoststats.read_host_snapshot(t)
+        host = hoststats.read_host_snapshot(t, disk=False)  # a sample keeps no disk bytes: the deltas read them
         busy = sum(host.cpu_busy_us.get(c, 0) - self._host0.cpu_busy_us.get(c, 0) for c in self._pinned)
         foreign = max(0, busy - (cg.cpu_usage_us - self._cg0.cpu_usage_us))
         self.samples.append(

@@ -129,6 +129,12 @@ def format_validation_error(source: str, err: ValidationError, model: Any = None
     return "\n".join(lines)
 
 
+def one_line(text: str, limit: int = 60) -> str:
+    """Anybody's text (a process name, a lock file) as one printable line for a notice: every
+    non-printable character (terminal escapes, newlines, bidi controls) replaced, cut at ``limit``."""
+    return "".join(ch if ch.isprintable() else "\ufffd" for ch in text)[:limit]
+
+
 def utcnow() -> dt.datetime:
     """Now in UTC, without tzinfo (as every stored time is)."""
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)

@@ -686,7 +686,8 @@ class DockerSandbox(Sandbox):
         cg0 = self.snapshot()
         mon = None
         if cg0 is not None and self._reader is not None:
-            mon = Monitor(self._reader.read, self.cpuset, self.profile.sample_hz)
+            reader = self._reader
+            mon = Monitor(lambda t: reader.read(t, io=False), self.cpuset, self.profile.sample_hz)  # samples keep no io bytes
             mon.start(t0, host0, cg0)
         try:
             res = self.exec(cmd, timeout=timeout, env=env, workdir=workdir)
