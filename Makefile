@@ -12,11 +12,12 @@ K ?=
 REQUIRE ?= pass^4>=0.9
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv engine engine-stop images suite-images browser compose postgres demo test test-fast lint bench schemas eval gate clean
+.PHONY: help setup venv engine engine-stop images suite-images browser compose postgres demo test test-fast test-cgroup2 lint bench schemas eval gate clean
 
 help:
 	@echo "make demo      set up (venv, engine, images) and run the refunds suite"
 	@echo "make test      set up and run the whole test suite (real containers)"
+	@echo "make test-cgroup2   the cgroup v2 checks in a Debian guest under QEMU (root; cached image; ~15 min emulated)"
 	@echo "make bench     overhead and throughput ratios against baselines measured in the same run"
 	@echo "make eval SUITE=refunds [PROFILE=tight] [TRIALS=8] [K=1,2,4,8]   run a suite"
 	@echo "make gate SUITE=refunds REQUIRE='pass^4>=0.9' [TRIALS=4 K=1,2,4]  run a suite, then gate on it (non-zero exit if unmet)"
@@ -68,6 +69,14 @@ test: setup browser postgres lint
 
 test-fast: venv lint
 	$(PY) -m pytest -q -m "not docker" $(PYTEST_ARGS)
+
+# The cgroup v2 checks on a real v2 kernel (this machine and CI boot v1): a Debian bookworm
+# guest under QEMU, built offline and cached by its inputs (tests/guest/cgroup2.py says how).
+# The host's images are saved into it, so it needs the engine and `images` first.
+test-cgroup2: venv
+	@$(PY) tests/guest/cgroup2.py check
+	@$(MAKE) --no-print-directory images
+	$(PY) tests/guest/cgroup2.py run
 
 # the architecture (pyproject.toml [tool.importlinter]): layers, and who may import docker,
 # sqlalchemy and the CLI libraries

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from conftest import EMULATED
+
 from harness.sandbox.images import SANDBOX_IMAGE
 from harness.model.profile import Profile
 from harness.engine.command import run_command
@@ -47,7 +49,9 @@ def test_full_core_on_exclusive_cpuset_is_not_throttled(docker_client, trial_cpu
     r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(cpus=1.0), trial_cpu, ["python3", "-c", BURN])
     assert r.kind == "ok"
     assert r.counters.throttled_share < 0.05, r.counters
-    assert r.counters.cpu_usage_us / 1e6 / r.counters.wall_s > 0.85
+    # emulated (make test-cgroup2 under TCG), the exec's start-up takes ~0.5 s of the wall time
+    # outside the burn loop; the quota itself never held it back (the line above)
+    assert r.counters.cpu_usage_us / 1e6 / r.counters.wall_s > (0.6 if EMULATED else 0.85)
 
 
 def test_limits_read_back_equal_the_profile(docker_client, trial_cpu):
@@ -166,7 +170,9 @@ def test_samples_are_taken_during_the_command(docker_client, trial_cpu):
 
 def test_noisy_neighbor_shows_as_foreign_cpu(docker_client, trial_cpu):
     quiet = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["python3", "-c", BURN])
-    assert quiet.host.foreign_cpu_share <= 0.05, quiet.host
+    # emulated, the guest kernel's own work on the core (interrupts, the exec's set-up) is
+    # ~10% of it; a neighbour still shows as 30% or more below
+    assert quiet.host.foreign_cpu_share <= (0.2 if EMULATED else 0.05), quiet.host
     neighbor = docker_client.containers.run(
         SANDBOX_IMAGE,
         ["python3", "-c", "while True: pass"],
