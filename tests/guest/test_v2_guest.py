@@ -92,9 +92,13 @@ def test_memory_high_events_and_the_oom_kill_come_from_the_v2_events_file(docker
     # events; going on to the ceiling is an OOM kill. The reader's counts must be the file's.
     with DockerSandbox(docker_client, SandboxSpec(SANDBOX_IMAGE, prof(memory="96m", timeouts={"agent": 120}), trial_cpu)) as sb:
         d = sb.paths.memory
-        Path(d, "memory.high").write_text(str(24 * 2**20))
-        # ~10 MiB past it (python's own ~8 MiB and 24 MiB of buffers): throttled, not killed
-        grow = "b=[]\nfor _ in range(24): b.append(bytearray(1<<20))\n"
+        Path(d, "memory.high").write_text(str(16 * 2**20))
+        # reading ~100 MiB of the image's files charges their page cache here, far past 16 MiB;
+        # clean cache is reclaimed at the high mark (anonymous memory past it, with no swap,
+        # would only be throttled, for as long as it stays there)
+        grow = ("import os\nfor top in ('/usr/lib/x86_64-linux-gnu', '/usr/lib/python3.11'):\n"
+                " for r, _, fs in os.walk(top):\n  for f in fs:\n   try:\n    with open(os.path.join(r, f), 'rb') as h:\n"
+                "     while h.read(1 << 20): pass\n   except OSError: pass\n")
         m = sb.measured_exec(["python3", "-c", grow], timeout=120)
         assert m.result.exit_code == 0, m.result
         events = cgroup.parse_flat_keyed(Path(d, "memory.events").read_text())
