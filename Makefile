@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo      set up (venv, engine, images) and run the refunds suite"
 	@echo "make test      set up and run the whole test suite (real containers)"
-	@echo "make test-cgroup2   the cgroup v2 checks in a Debian guest under QEMU (root; cached image; ~15 min emulated)"
+	@echo "make test-cgroup2   the cgroup v2 checks in a Debian guest under QEMU (root; ~18 min cold, ~9 cached, emulated)"
 	@echo "make bench     overhead and throughput ratios against baselines measured in the same run"
 	@echo "make eval SUITE=refunds [PROFILE=tight] [TRIALS=8] [K=1,2,4,8]   run a suite"
 	@echo "make gate SUITE=refunds REQUIRE='pass^4>=0.9' [TRIALS=4 K=1,2,4]  run a suite, then gate on it (non-zero exit if unmet)"

@@ -483,15 +483,22 @@ PUBLIC_TESTS_PY = """\
 def test_verifiers_that_fetch_uv_and_pytest_at_test_time_work_offline(docker_client, tmp_path):
     s = tmp_path / "public"
     for name, script, base in (("uvx-style", PUBLIC_TEST, "ubuntu:24.04"), ("venv-style", PUBLIC_VENV_TEST, "python:3.13-slim-bookworm")):
+        # the verifier makes a venv and installs pytest from the prefetched wheels: seconds, but
+        # several times that on a loaded CI host, so its timeout is not what this test is about
         harbor(s, name, script, solve='echo "Hello, world!" > /app/greeting.txt\n', artifacts="[]",
-               extra_files={"tests/test_outputs.py": PUBLIC_TESTS_PY})
+               extra_files={"tests/test_outputs.py": PUBLIC_TESTS_PY}, verifier="timeout_sec = 120.0")
         (s / name / "environment" / "Dockerfile").write_text(f"FROM {base}\nWORKDIR /app\n")
     # a prebuilt image (cannot be pulled offline) beside a Dockerfile: the Dockerfile is built
     toml = s / "uvx-style" / "task.toml"
     toml.write_text(toml.read_text().replace("[environment]\n", '[environment]\ndocker_image = "example.invalid/prebuilt:1"\n'))
-    r = run_cli(tmp_path, "suites", "check", str(s), "--db", f"sqlite:///{tmp_path}/h.db", "--json")
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    doc = json.loads(r.stdout)
+    # the standard envelope with the host rules loosened: a loaded CI host discarded the short
+    # nop attempt for foreign CPU until it was unmeasured; what is checked here is the grading
+    loose = tmp_path / "loose.toml"
+    loose.write_text((Path(__file__).parents[1] / "harness" / "sandboxes" / "standard.toml").read_text()
+                     .replace("foreign_cpu_share = 0.10", "foreign_cpu_share = 1.0").replace("steal_share = 0.05", "steal_share = 1.0"))
+    r = run_cli(tmp_path, "suites", "check", str(s), "--profile", str(loose), "--db", f"sqlite:///{tmp_path}/h.db", "--json")
+    doc = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+    assert r.returncode == 0, ([(t["task"], t["reasons"]) for t in doc.get("tasks", []) if not t["ok"]], r.stderr[-2000:])
     assert all(t["ok"] for t in doc["tasks"]) and len(doc["tasks"]) == 2, doc["tasks"]
     store = Store.open(f"sqlite:///{tmp_path}/h.db", mode="ro")
     oracle = [a for a in clean(store, doc["runs"][0]) if a.task_id == "uvx-style"][0]

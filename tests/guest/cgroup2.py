@@ -4,8 +4,11 @@ This machine (and CI) boots cgroup v1 (hybrid); most users run v2. This script b
 bookworm guest under QEMU with ``systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all``, with
 Debian's docker.io on the systemd cgroup driver, and runs there (tests/guest/inside.sh):
 ``harness doctor``, the live cgroup tests, the real-container sandbox tests that measure
-counters, and a small ``harness run`` of refunds whose attempts must carry v2 counters. The
-JUnit report comes back to ``.harness/cgroup2/junit.xml``; the exit status is the tests'.
+counters, and a small ``harness run`` of refunds whose attempts must carry v2 counters; then
+the engine restarts on the cgroupfs driver and the locating tests run again. The JUnit reports
+come back to ``.harness/cgroup2/`` (junit.xml, junit-cgroupfs.xml, with the guest's log and
+console); the exit status is the tests', trusted only with this boot's nonce beside it and
+reports that ran tests and skipped none.
 
 Offline: the guest image is made with mmdebstrap from apt's configured sources (kernel,
 systemd, docker.io, python3) plus the host venv's packages as wheels, and cached by its
@@ -13,8 +16,10 @@ inputs under $HARNESS_GUEST_CACHE (default ~/.cache/harness/cgroup2); a second r
 The checkout comes in read-only over 9p; the harness images that need a package mirror to
 build (the offline base first of all) are saved from the host's engine and loaded in the
 guest as the same images, with the same inputs labels, so the guest builds only what is
-cheap (the sandbox and suite images FROM it) and never runs mmdebstrap under emulation.
-The guest has no network interface.
+cheap (the sandbox and suite images FROM it) and never runs mmdebstrap under emulation. They
+are loaded once, by a first boot into a copy-on-write overlay of the root disk kept beside the
+image (keyed by their ids); test boots run on a throw-away snapshot of it. The guest has no
+network interface.
 
 KVM is used when it boots the guest; otherwise (this machine: a nested guest whose /dev/kvm
 cannot run a stock kernel) QEMU emulates (TCG), about 14x slower. Needs root (mmdebstrap, a
