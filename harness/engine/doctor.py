@@ -16,17 +16,31 @@ class Check:
     fix: str = ""
 
 
+def wanted_images() -> list[str]:
+    """Every image a run of the built-in suites needs: the base, the harness's own, each native
+    suite's image and each per-task (Harbor format) image."""
+    from harness.engine.suites import builtin_suites, load_suite
+    from harness.sandbox.images import BASE_IMAGE, HARNESS_IMAGES, SANDBOX_IMAGE
+
+    wanted = [BASE_IMAGE, SANDBOX_IMAGE, *HARNESS_IMAGES]
+    for name in builtin_suites():
+        s = load_suite(name)
+        wanted += [t.image for t in s.tasks if t.build is not None and t.image]  # built per task (Harbor format)
+        if s.image and any(t.build is None for t in s.tasks):
+            wanted.append(s.image)
+    return list(dict.fromkeys(wanted))
+
+
 def run_checks() -> list[Check]:
     from harness.engine.command import run_command
     from harness.engine.profiles import load_profile
     from harness.engine.scheduler import CpuPool, allowed_cpus, default_reserved
-    from harness.engine.suites import builtin_suites, load_suite
     from harness.measure import host as hoststats
     from harness.model.errors import EngineError
     from harness.sandbox.docker_backend import DockerBackend
     from harness.sandbox.docker_sandbox import connect, image_present
     from harness.sandbox.gateway import firewall_check
-    from harness.sandbox.images import BASE_IMAGE, GATEWAY_IMAGE, HARNESS_IMAGES, SANDBOX_IMAGE
+    from harness.sandbox.images import GATEWAY_IMAGE, SANDBOX_IMAGE
 
     out: list[Check] = [Check("harness", "ok", f"version {harness.__version__}")]
     facts = hoststats.host_facts()
@@ -65,16 +79,7 @@ def run_checks() -> list[Check]:
     out.append(Check("engine", "ok", f"Docker {v.get('Version')} (API {v.get('ApiVersion')}), storage {info.get('Driver')}"))
     driver = info.get("CgroupDriver", "?")
     out.append(Check("cgroup driver", "ok", f"{driver} (engine reports cgroup v{info.get('CgroupVersion', '?')})"))
-    missing = []
-    wanted = [BASE_IMAGE, SANDBOX_IMAGE, *HARNESS_IMAGES]
-    for name in builtin_suites():
-        s = load_suite(name)
-        wanted += [t.image for t in s.tasks if t.build is not None and t.image]  # built per task (Harbor format)
-        if s.image and any(t.build is None for t in s.tasks):
-            wanted.append(s.image)
-    for img in dict.fromkeys(wanted):
-        if not image_present(client, img):
-            missing.append(img)
+    missing = [img for img in wanted_images() if not image_present(client, img)]
     out.append(
         Check("images", "fail" if missing else "ok", f"missing: {', '.join(missing)}" if missing else "base, harness and suite images present",
               "make images" if missing else "")

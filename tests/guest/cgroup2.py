@@ -49,6 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 OUT = ROOT / ".harness" / "cgroup2"
+sys.path.insert(0, str(ROOT))  # the checkout's harness: what images it wants, the host's engine
 
 # Debian packages of the guest (minbase plus these; no Recommends)
 PACKAGES = [
@@ -137,15 +138,9 @@ def requirements() -> str:
     return "\n".join(sorted(keep, key=str.lower)) + "\n"
 
 
-def apt_sources_digest() -> str:
-    h = hashlib.sha256()
-    for p in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
-        if p.is_file():
-            h.update(p.name.encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
-
-
 def image_inputs(reqs: str) -> str:
+    from harness.sandbox.images import apt_sources_digest
+
     h = hashlib.sha256(RECIPE.encode())
     h.update(" ".join(PACKAGES).encode())
     h.update((HERE / "customize.sh").read_bytes())
@@ -257,38 +252,24 @@ def du(path: Path) -> str:
 # --------------------------------------------------------------------------- the host's images
 
 
-def guest_built_images() -> set[str]:
-    """The images the guest builds itself (cheap, no package mirror): the sandbox and the
-    built-in native suites' images FROM it."""
-    sys.path.insert(0, str(ROOT))
+def host_images() -> list[str]:
+    """What doctor wants present, minus what the guest builds itself (cheap, no package mirror:
+    the sandbox and the native suites' images FROM it): the offline base and the images whose
+    builds need a mirror (apt / pip), saved from the host's engine."""
+    from harness.engine.doctor import wanted_images
     from harness.engine.suites import builtin_suites, load_suite
     from harness.sandbox.images import SANDBOX_IMAGE
 
-    out = {SANDBOX_IMAGE}
+    built_here = {SANDBOX_IMAGE}
     for name in builtin_suites():
         s = load_suite(name)
         if s.dockerfile and s.image and any(t.build is None for t in s.tasks):
-            out.add(s.image)
-    return out
-
-
-def host_images() -> list[str]:
-    """What doctor wants present, minus what the guest builds: the offline base and the images
-    whose builds need a package mirror (apt / pip), saved from the host's engine."""
-    sys.path.insert(0, str(ROOT))
-    from harness.engine.suites import builtin_suites, load_suite
-    from harness.sandbox.images import BASE_IMAGE, HARNESS_IMAGES
-
-    wanted = [BASE_IMAGE, *HARNESS_IMAGES]
-    for name in builtin_suites():
-        wanted += [t.image for t in load_suite(name).tasks if t.build is not None and t.image]
-    built_here = guest_built_images()
-    return [w for w in dict.fromkeys(wanted) if w not in built_here]
+            built_here.add(s.image)
+    return [w for w in wanted_images() if w not in built_here]
 
 
 def save_images(dest: Path) -> tuple[Path, list[str]]:
     """One `docker save` tarball of host_images() (shared layers once), cached by image ids."""
-    sys.path.insert(0, str(ROOT))
     from harness.model.errors import EngineError
     from harness.sandbox.docker_sandbox import connect
 
