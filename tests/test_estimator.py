@@ -223,6 +223,58 @@ def test_suite_each_task_own_n_and_exclusions():
     assert m_none.by_k[3].pass_hat_k is None and m_none.by_k[3].excluded == ["x"]
 
 
+def test_vectorized_suite_equals_exact_enumeration():
+    """suite_metrics_counts (the vectorized path suite_metrics uses): on random suites of
+    mixed n (0..12, unmeasured tasks included), every per-task value and every suite mean
+    equals the exact Fraction computed by enumeration over the same tasks."""
+    rng = random.Random(7)
+    for _ in range(40):
+        T_ = rng.randint(1, 60)
+        ns = [rng.randint(0, 12) for _ in range(T_)]
+        cs = [rng.randint(0, n) for n in ns]
+        ks = sorted(rng.sample(range(1, 13), rng.randint(1, 4)))
+        ids = [f"t{i}" for i in range(T_)]
+        m = est.suite_metrics_counts(ids, ns, cs, ks)
+        assert m.unmeasured == [t for t, n in zip(ids, ns) if n == 0]
+        meas = [(n, c) for n, c in zip(ns, cs) if n]
+        if meas:
+            assert m.pass1 == pytest.approx(float(sum(Fraction(c, n) for n, c in meas) / len(meas)), rel=1e-12)
+        for k in ks:
+            inc = [(n, c) for n, c in zip(ns, cs) if n >= k]
+            assert m.by_k[k].n_tasks == len(inc)
+            assert m.by_k[k].excluded == [t for t, n in zip(ids, ns) if n < k]
+            if inc:
+                exact_at = sum(pass_at_k_exact(n, c, k) for n, c in inc) / len(inc)
+                exact_hat = sum(pass_hat_k_exact(n, c, k) for n, c in inc) / len(inc)
+                assert m.by_k[k].pass_at_k == pytest.approx(float(exact_at), rel=1e-12, abs=1e-300)
+                assert m.by_k[k].pass_hat_k == pytest.approx(float(exact_hat), rel=1e-12, abs=1e-300)
+            else:
+                assert m.by_k[k].pass_hat_k is None
+        for t, n, c in zip(m.per_task, ns, cs):
+            assert (t.n, t.c) == (n, c)
+            for k in ks:
+                assert t.pass_hat_k[k] == (pass_hat_k(n, c, k) if n >= k else None)
+                assert t.pass_at_k[k] == (pass_at_k(n, c, k) if n >= k else None)
+        # the TaskOutcomes entry point is the same computation
+        same = suite_metrics([counts(t, n, c) for t, n, c in zip(ids, ns, cs)], ks)
+        assert same.by_k == m.by_k and same.pass1 == m.pass1 and same.per_task == m.per_task
+
+
+def test_vectorized_suite_input_errors():
+    with pytest.raises(ValueError, match="outside"):
+        est.suite_metrics_counts(["a", "b"], [3, 2], [1, 3], [1])
+    with pytest.raises(ValueError, match="appears twice"):
+        est.suite_metrics_counts(["a", "a"], [3, 2], [1, 1], [1])
+    with pytest.raises(ValueError, match="one of each"):
+        est.suite_metrics_counts(["a", "b"], [3], [1], [1])
+    with pytest.raises(ValueError, match="integers"):
+        est.suite_metrics_counts(["a"], [3.5], [1], [1])
+    with pytest.raises(ValueError, match=">= 0"):
+        est.suite_metrics_counts(["a"], [-1], [0], [1])
+    empty = est.suite_metrics_counts([], [], [], [1, 4])
+    assert empty.n_tasks == 0 and empty.pass1 is None and empty.by_k[4].pass_hat_k is None and empty.per_task == []
+
+
 def test_suite_input_errors():
     with pytest.raises(ValueError, match="appears twice"):
         suite_metrics([counts("a", 2, 1), counts("a", 3, 1)], ks=[1])

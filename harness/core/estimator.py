@@ -1,8 +1,9 @@
 """Estimators for clean trial outcomes: pass@k, pass^k, intervals, comparisons, diagnostics.
 
-Pure module: plain data in, plain data out. No Docker, no database, no CLI, and no
-numpy/scipy at runtime -- the special functions it needs (normal quantile, regularized
-incomplete beta and gamma) are implemented here with the standard library.
+Pure module: plain data in, plain data out. No Docker, no database, no CLI. numpy only
+groups a suite's tasks by their (n, c) counts; no scipy at runtime -- the special functions
+it needs (normal quantile, regularized incomplete beta and gamma) are implemented here with
+the standard library.
 
 Per task with ``n`` clean trials and ``c`` passes:
 
@@ -26,6 +27,8 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
+
+import numpy as np
 
 from harness.model.estimates import (
     BootstrapResult,
@@ -53,6 +56,7 @@ __all__ = [
     "KMetrics",
     "SuiteMetrics",
     "suite_metrics",
+    "suite_metrics_counts",
     "Interval",
     "wilson_interval",
     "clopper_pearson_interval",
@@ -295,47 +299,91 @@ def suite_metrics(tasks: Iterable[TaskOutcomes], ks: Iterable[int]) -> SuiteMetr
     """
     fn = "suite_metrics"
     tasks = _tasks(fn, tasks)
+    return suite_metrics_counts([t.task_id for t in tasks], [len(t.trials) for t in tasks],
+                                [sum(t.trials) for t in tasks], ks, _fn=fn, _checked_ids=True)
+
+
+def suite_metrics_counts(task_ids: Sequence[str], n: object, c: object, ks: Iterable[int], *,
+                         _fn: str = "suite_metrics_counts", _checked_ids: bool = False) -> SuiteMetrics:
+    """:func:`suite_metrics` from each task's clean trials ``n`` and passes ``c`` (sequences
+    or integer arrays, in task order): the sufficient statistics, vectorized.
+
+    Exact in the same way as the scalar estimators, because it *is* them: every distinct
+    (n, c) pair is evaluated once with :func:`pass_at_k` / :func:`pass_hat_k` and the suite
+    mean is ``fsum(value x tasks with that pair) / tasks``. A suite has few distinct pairs
+    (at most (trials + 1) per distinct n), so 10^5 tasks cost array passes, not 10^5 calls.
+    ``per_task`` is built on first access.
+    """
+    fn = _fn
     ks = _ks(fn, ks)
-    per_task: list[TaskMetrics] = []
-    for t in tasks:
-        n, c = t.n, t.c
-        per_task.append(
-            TaskMetrics(
-                task_id=t.task_id,
-                n=n,
-                c=c,
-                pass1=c / n if n else None,
-                pass_at_k={k: pass_at_k(n, c, k) if n >= k else None for k in ks},
-                pass_hat_k={k: pass_hat_k(n, c, k) if n >= k else None for k in ks},
-            )
-        )
-    measured = [m for m in per_task if m.n > 0]
+    ids = list(task_ids)
+    if not _checked_ids and len(set(ids)) != len(ids):
+        dup = next(t for t, m in Counter(ids).items() if m > 1)
+        raise ValueError(f"{fn}: task {dup} appears twice; merge its trials into one entry")
+    na, ca = _counts_array(fn, "n", n), _counts_array(fn, "c", c)
+    if not len(na) == len(ca) == len(ids):
+        raise ValueError(f"{fn}: {len(ids)} task ids, {len(na)} n values and {len(ca)} c values; one of each per task")
+    if len(ids) and ((ca < 0).any() or (ca > na).any()):
+        i = int(np.flatnonzero((ca < 0) | (ca > na))[0])
+        raise ValueError(f"{fn}: task {ids[i]}: c={int(ca[i])} passes is outside [0, n={int(na[i])}]")
+    # one code per distinct (n, c) pair; the scalar estimators run once per pair
+    keys, inverse = np.unique(na * (int(na.max(initial=0)) + 1) + ca, return_inverse=True)
+    first = np.zeros(len(keys), dtype=np.int64)
+    first[inverse] = np.arange(len(ids))  # any task of each pair: they share (n, c)
+    pairs = [(int(na[i]), int(ca[i])) for i in first]
+    measured = na > 0
+    tables = _PairTables(pairs, ks)
     by_k: dict[int, KMetrics] = {}
     for k in ks:
-        inc = [m for m in per_task if m.n >= k]
-        if inc:
-            p1 = _mean([m.pass1 for m in inc])
-            by_k[k] = KMetrics(
-                k=k,
-                n_tasks=len(inc),
-                excluded=[m.task_id for m in per_task if m.n < k],
-                pass_at_k=_mean([m.pass_at_k[k] for m in inc]),
-                pass_hat_k=_mean([m.pass_hat_k[k] for m in inc]),
-                naive_pass_at_k=1.0 - (1.0 - p1) ** k,
-                naive_pass_hat_k=p1**k,
-            )
-        else:
-            by_k[k] = KMetrics(
-                k=k, n_tasks=0, excluded=[m.task_id for m in per_task],
-                pass_at_k=None, pass_hat_k=None, naive_pass_at_k=None, naive_pass_hat_k=None,
-            )
-    return SuiteMetrics(
-        n_tasks=len(per_task),
-        unmeasured=[m.task_id for m in per_task if m.n == 0],
-        pass1=_mean([m.pass1 for m in measured]) if measured else None,
-        by_k=by_k,
-        per_task=per_task,
-    )
+        inc = na >= k
+        n_inc = int(inc.sum())
+        excluded = [ids[i] for i in np.flatnonzero(~inc)]
+        if not n_inc:
+            by_k[k] = KMetrics(k=k, n_tasks=0, excluded=excluded, pass_at_k=None, pass_hat_k=None,
+                               naive_pass_at_k=None, naive_pass_hat_k=None)
+            continue
+        w = np.bincount(inverse[inc], minlength=len(keys)).tolist()
+        p1 = _weighted_mean(tables.pass1, w, n_inc)
+        by_k[k] = KMetrics(
+            k=k, n_tasks=n_inc, excluded=excluded,
+            pass_at_k=_weighted_mean(tables.at[k], w, n_inc),
+            pass_hat_k=_weighted_mean(tables.hat[k], w, n_inc),
+            naive_pass_at_k=1.0 - (1.0 - p1) ** k, naive_pass_hat_k=p1**k,
+        )
+    n_meas = int(measured.sum())
+    pass1 = _weighted_mean(tables.pass1, np.bincount(inverse[measured], minlength=len(keys)).tolist(), n_meas) if n_meas else None
+    out = SuiteMetrics(n_tasks=len(ids), unmeasured=[ids[i] for i in np.flatnonzero(~measured)], pass1=pass1, by_k=by_k)
+    out._per_task_source = (ids, pairs, inverse, tables)
+    return out
+
+
+class _PairTables:
+    """pass@1, pass@k and pass^k of each distinct (n, c) pair (None where n < k or n = 0)."""
+
+    def __init__(self, pairs: list[tuple[int, int]], ks: list[int]):
+        self.pairs, self.ks = pairs, ks
+        self.pass1 = [c / n if n else None for n, c in pairs]
+        self.at = {k: [pass_at_k(n, c, k) if n >= k else None for n, c in pairs] for k in ks}
+        self.hat = {k: [pass_hat_k(n, c, k) if n >= k else None for n, c in pairs] for k in ks}
+
+    def task(self, task_id: str, j: int) -> TaskMetrics:
+        n, c = self.pairs[j]
+        return TaskMetrics(task_id=task_id, n=n, c=c, pass1=self.pass1[j], pass_at_k={k: self.at[k][j] for k in self.ks},
+                           pass_hat_k={k: self.hat[k][j] for k in self.ks})
+
+
+def _weighted_mean(values: list, weights: list[int], total: int) -> float:
+    return math.fsum(v * w for v, w in zip(values, weights) if w) / total
+
+
+def _counts_array(fn: str, name: str, xs: object) -> np.ndarray:
+    a = np.asarray(xs)
+    if a.ndim != 1 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"{fn}: {name} must be a one-dimensional sequence of integers (one per task), got dtype {a.dtype}")
+    a = a.astype(np.int64, copy=False)
+    if a.size and name == "n" and (a < 0).any():
+        raise ValueError(f"{fn}: n={int(a[a < 0][0])} clean trials; must be >= 0")
+    return a
 
 
 def buckets(tasks: Iterable[TaskOutcomes]) -> Buckets:

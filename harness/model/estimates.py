@@ -3,9 +3,10 @@ intervals, comparisons and diagnostics, with the estimand of each field in its d
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from functools import cached_property
+from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 Metric = Literal["pass@1", "pass@k", "pass^k"]
 
@@ -63,7 +64,17 @@ class SuiteMetrics(_Model):
         description="Mean over measured tasks of c/n (each task weighs the same, whatever its n)."
     )
     by_k: dict[int, KMetrics] = Field(description="Estimates for each requested k.")
-    per_task: list[TaskMetrics] = Field(description="Per-task estimates, in input order.")
+    # (task ids, distinct (n, c) pairs, each task's pair, the pairs' values): set by the
+    # estimator, so that per_task costs nothing until a caller asks for it
+    _per_task_source: Any = PrivateAttr(default=None)
+
+    @cached_property
+    def per_task(self) -> list[TaskMetrics]:
+        """Per-task estimates, in input order (built on first access)."""
+        if self._per_task_source is None:
+            return []
+        ids, _pairs, inverse, tables = self._per_task_source
+        return [tables.task(t, j) for t, j in zip(ids, inverse.tolist())]
 
 
 class Interval(NamedTuple):
