@@ -6,10 +6,10 @@ here; errors are mapped to exit codes in one place (``harness.cli.app.HarnessGro
 
 from __future__ import annotations
 
-from harness.cli import inspect, report, run, sandbox, suites
+from harness.cli import export, inspect, report, run, sandbox, suites
 from harness.cli.app import app
 
-for _module in (sandbox, run, suites, report, inspect):
+for _module in (sandbox, run, suites, report, inspect, export):
     _module.register(app)
 
 

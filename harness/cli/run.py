@@ -13,6 +13,7 @@ from rich.text import Text
 
 from harness.cli.app import DB_HELP, EXIT_INFRA, console, die, err, fmt3
 from harness.cli.progress import ProgressDisplay, sigterm_as_interrupt
+from harness.engine.events import Fanout
 
 _fmt = fmt3
 
@@ -60,6 +61,11 @@ def run(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON summary document instead of tables."),
     note: str = typer.Option("", "--note", help="Free text stored with the run."),
+    otlp: Optional[str] = typer.Option(None, "--otlp", help="Send the run as OpenTelemetry traces while it runs, to this "
+                                       "OTLP/HTTP endpoint (http://localhost:4318 or its .../v1/traces URL; needs "
+                                       "`pip install 'harness\\[otel]'`). A collector that is down is noted once; the run goes on."),
+    otlp_header: list[str] = typer.Option([], "--otlp-header", help="KEY=VALUE sent with every OTLP request (repeatable; "
+                                          "values never printed; $OTEL_EXPORTER_OTLP_HEADERS is read too)."),
 ) -> None:
     """Run a suite: every task x trial slot in a fresh pinned container.
 
@@ -91,6 +97,8 @@ def run(
 
       harness run --suite refunds --wait-quiet 120 --max-unmeasured 0.05
 
+      harness run --suite refunds --otlp http://localhost:4318   (spans to a collector as it runs; see `harness export`)
+
     Exit codes: 0 every slot measured (or within --max-unmeasured), 1 never (a failing
     agent is a result, not an error), 2 usage error, 3 infrastructure (unmeasured slots
     over the limit, tasks that could not run here, the engine), 130 interrupted.
@@ -105,6 +113,14 @@ def run(
     from harness.engine.runner import probe_seconds
 
     probe_seconds()  # a bad $HARNESS_PROBE_S is a usage error before anything is stored
+    otlp_url, otlp_headers = None, {}
+    if otlp is not None:  # checked before anything is stored, too
+        from harness.engine.otel import parse_headers, require_otel, traces_url
+
+        otlp_url, otlp_headers = traces_url(otlp), parse_headers(otlp_header)
+        require_otel()
+    elif otlp_header:
+        die("--otlp-header goes with --otlp ENDPOINT")
     if resume is not None:
         given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns,
                  "--agent-image": agent_image, "--agent-cmd": agent_cmd, "--agent": agent, "--base-map": base_map or None,
@@ -165,15 +181,23 @@ def run(
             keys = f"; keys held by the gateway: {', '.join(r.secrets)}" if r.secrets else ""
             err.print(f"network {net}  model gateway: {ups}{keys}", highlight=False)
         print_run_notes(r)
+    otel_sink = None
+    if otlp_url is not None:
+        from harness.engine.otel import OtelSink
+
+        otel_sink = OtelSink(otlp_url, otlp_headers, runner.store, note=lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True))
     t0 = time.monotonic()
     sigterm_as_interrupt()
     with ProgressDisplay(len(r.task_ids) * r.trials, quiet=json_out) as display:
         try:
-            runner.execute(events=display, wait_quiet=wait_quiet)
+            runner.execute(events=Fanout([display, otel_sink]) if otel_sink else display, wait_quiet=wait_quiet)
         except KeyboardInterrupt:
             err.print(f"\n[yellow]interrupted[/]: containers of run {r.id} removed; the run is marked interrupted "
                       f"(continue it with `harness run --resume {r.id}{at}`).")
             raise typer.Exit(130)
+        finally:
+            if otel_sink is not None:
+                otel_sink.close()  # every span sent (or the collector's failure noted) before the summary
     wall = time.monotonic() - t0
     stored = runner.store.get_run(r.id)
     summary = summarize(stored, runner.store.attempts(r.id))

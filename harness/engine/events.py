@@ -1,4 +1,4 @@
-"""Event sinks: who hears about a run while it happens (the progress display; OTel later).
+"""Event sinks: who hears about a run while it happens (the progress display; OTel: harness.engine.otel).
 
 A sink implements any of :class:`EventSink`'s methods; the driver calls them from its own
 thread (run and attempt events) and the attempt pipeline from worker threads (phases), so a
