@@ -1,10 +1,18 @@
-"""The HTML report opens in headless Chromium without script errors and its figures render."""
+"""The HTML report opens in headless Chromium without script errors, its figures render, and
+its failure review works: the kind filter, an attempt opened (collapsed by default) shows its
+transcript as a conversation beside a passing attempt of the same task, an anchor opens its
+attempt, and what the agent wrote -- script and markup included -- is shown as text, never run.
+
+The run is real: the refunds suite's own agent (refundbot), wrapped so that after it the
+transcript and stdout get a few lines of markup injection, and one task exits 1 (crashed), so
+the review has two failure kinds."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import shutil
 import struct
 import subprocess
@@ -18,7 +26,19 @@ from tests.conftest import missing
 
 pytestmark = pytest.mark.docker
 
-PROBE = str(Path(__file__).parent / "suites" / "probe")
+TASKS = "duplicate-charge,goodwill-above-threshold"  # with --seed 0, 3 trials: ✗✓✗ and ✗✗✗
+INJECT = "</script><script>window.pwned=1</script>"
+IMG = "<img src=x onerror=window.pwned=2>"
+WRAPPER = f"""
+import json, os, subprocess, sys
+rc = subprocess.call(["refundbot"])
+with open(os.environ["HARNESS_TRANSCRIPT"], "a") as f:
+    f.write(json.dumps({{"role": "assistant", "content": "last word {INJECT}",
+                        "tool_calls": [{{"function": {{"name": "note", "arguments": json.dumps({{"html": "{IMG}"}})}}}}]}}) + "\\n")
+    f.write("{INJECT}{IMG.replace('pwned=2', 'pwned=3')}\\n")
+print("{IMG.replace('pwned=2', 'pwned=4')}")
+sys.exit(1 if os.environ["HARNESS_TASK_ID"] == "goodwill-above-threshold" else rc)
+"""
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -38,7 +58,8 @@ def report_html(docker_client, tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("html")
     env = {**os.environ, "HARNESS_HOME": str(d / "home")}
     db = f"sqlite:///{d}/h.db"
-    r = subprocess.run([sys.executable, "-m", "harness", "run", "--suite", PROBE, "--trials", "3", "--db", db, "--json"],
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--suite", "refunds", "--tasks", TASKS, "--trials", "3", "--k", "1,3",
+                        "--seed", "0", "--agent-cmd", shlex.join(["python3", "-c", WRAPPER]), "--db", db, "--json"],
                        capture_output=True, text=True, env=env, cwd=d, timeout=300)
     assert r.returncode == 0, r.stderr
     out = d / "report.html"
@@ -56,6 +77,8 @@ def test_opens_without_errors_and_renders_figures(report_html, tmp_path):
     m = re.search(r'<html[^>]*data-errors="([^"]*)"', dom)
     assert m, "the page's load handler did not run"
     assert json.loads(m.group(1).replace("&quot;", '"')) == []
+    assert 'data-figures-done="1"' in dom, "the figures were drawn once the compressed bundle was unpacked"
+    assert report_html.stat().st_size < 3 * 2**20, "plotly ships compressed (4.8 MB raw)"
     figs = int(re.search(r'data-figures="(\d+)"', dom).group(1))
     assert figs >= 3, "pass-vs-k, grid and saturation figures drawn as SVG"
     for fig in ("fig-pass-vs-k", "fig-grid", "fig-saturation"):
@@ -114,3 +137,84 @@ def test_screenshot_shows_the_figures(report_html, tmp_path):
     assert bytes((0x2E, 0x7D, 0x32)) in colors, "no pass-green cells seen"
     assert bytes((0xC6, 0x28, 0x28)) in colors, "no wrong_state-red cells seen"
     assert len(colors) > 20
+
+
+# Appended to a copy of the page: drives the review as a user would (real DOM events: a click
+# on a filter checkbox, an attempt opened), then writes what it saw to <html data-test=...>.
+DRIVER = """<script>
+(function () {
+  var out = {};
+  function texts(els) { return Array.prototype.map.call(els, function (e) { return e.textContent; }); }
+  function step() {
+    var root = document.querySelector('.review');
+    if (!root || root.getAttribute('data-ready') !== '1') { setTimeout(step, 50); return; }
+    var all = root.querySelectorAll('details.rattempt');
+    out.collapsed = Array.prototype.filter.call(all, function (d) { return !d.open; }).length;
+    out.attempts = all.length;
+    out.hash_open = location.hash ? document.getElementById(location.hash.slice(1)).open : null;
+    out.kinds = Array.prototype.map.call(root.querySelectorAll('.review-filter input[data-kind]'), function (c) { return c.getAttribute('data-kind'); });
+    var ws = root.querySelector('.review-filter input[data-kind="wrong_state"]');
+    ws.click();
+    out.unchecked = Array.prototype.map.call(all, function (d) { return [d.getAttribute('data-kind'), !d.hidden]; });
+    out.count = root.querySelector('.review-count').textContent;
+    ws.click();
+    out.rechecked_hidden = Array.prototype.filter.call(all, function (d) { return d.hidden; }).length;
+    var d = Array.prototype.filter.call(all, function (x) { return x.getAttribute('data-kind') === 'wrong_state' && x.querySelector('.side-pass'); })[0];
+    out.msgs_before_open = d.querySelectorAll('.msg').length;
+    d.querySelector('summary').click();
+    setTimeout(function () {
+      out.opened = d.open;
+      out.fail_msgs = texts(d.querySelectorAll('.side-fail .msg'));
+      out.pass_msgs = texts(d.querySelectorAll('.side-pass .msg'));
+      out.fail_attempt = d.getAttribute('data-attempt');
+      out.pass_attempt = d.querySelector('.side-pass').getAttribute('data-attempt');
+      out.stdout = d.querySelector('.side-fail pre[data-file="stdout.txt"]').textContent;
+      out.imgs = document.querySelectorAll('img').length;
+      out.pwned = typeof window.pwned;
+      out.errors = window.__harnessErrors;
+      document.documentElement.setAttribute('data-test', JSON.stringify(out));
+    }, 300);
+  }
+  step();
+})();
+</script>
+"""
+
+
+def test_failure_review_filters_expands_and_shows_injections_as_text(report_html, tmp_path):
+    page = report_html.read_text(encoding="utf-8")
+    assert INJECT not in page and "<img" not in page, "agent text reaches the page only escaped"
+    crashed = re.search(r'<details class="rattempt" id="(attempt-\d+)" data-kind="crashed"', page)
+    assert crashed, "the wrapper's exit 1 made goodwill-above-threshold crash"
+    driven = tmp_path / "driven.html"
+    driven.write_text(page.replace("</body>", DRIVER + "</body>"), encoding="utf-8")
+    dom = subprocess.run(
+        [chromium(), *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", driven.as_uri() + "#" + crashed.group(1)],
+        capture_output=True, text=True, timeout=120,
+    ).stdout
+    m = re.search(r'<html[^>]*data-test="([^"]*)"', dom)
+    assert m, "the driver did not finish (the review never became ready)"
+    got = json.loads(m.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+    assert got["errors"] == []
+    # collapsed by default, except the one the URL's anchor opened
+    assert got["attempts"] >= 4 and got["collapsed"] == got["attempts"] - 1 and got["hash_open"] is True
+    # the kind filter: wrong_state unchecked hides exactly the wrong_state attempts
+    assert got["kinds"] == ["wrong_state", "crashed"]
+    assert {k for k, visible in got["unchecked"] if visible} == {"crashed"}
+    assert {k for k, visible in got["unchecked"] if not visible} == {"wrong_state"}
+    assert got["count"].startswith(f"{sum(v for _, v in got['unchecked'])} of {got['attempts']} ")
+    assert got["rechecked_hidden"] == 0
+    # opened: the transcript as a conversation (refundbot's own lines), beside a passing attempt's
+    assert got["msgs_before_open"] == 0 and got["opened"]
+    assert any(x.startswith("thought step 2 · ") and x.endswith("Read the ticket and work out what the customer wants.") for x in got["fail_msgs"]), got["fail_msgs"][:4]
+    assert any(x.startswith("tool call step 4 · ") and x.endswith("refunds policy") for x in got["fail_msgs"])
+    assert any(x.startswith("tool result · exit 0 step 5 · ") and '"refund_window_days": 30' in x for x in got["fail_msgs"])
+    assert got["pass_attempt"] != got["fail_attempt"]
+    assert any(x.endswith("Read the ticket and work out what the customer wants.") for x in got["pass_msgs"])
+    # what the agent wrote is text: the injection strings are there, verbatim, and nothing ran
+    assert any(x == f"assistantlast word {INJECT}" for x in got["fail_msgs"]), got["fail_msgs"][-3:]
+    assert any(x.startswith("tool call note") and IMG in x for x in got["fail_msgs"])
+    assert any(x.startswith("line (not JSON)") and INJECT in x and "pwned=3" in x for x in got["fail_msgs"])
+    assert "<img src=x onerror=window.pwned=4>" in got["stdout"]
+    assert got["pwned"] == "undefined" and got["imgs"] == 0
+    assert "<img" not in dom and "<script>window.pwned" not in dom

@@ -45,15 +45,13 @@ from harness.report.views import (
     pct,
     rule_value,
     sort_rows,
-    tail_text,
     trial_row,
     upstream_lines,
 )
 from harness.model.units import format_size
+from harness.report.artifacts import ARTIFACT_FILES, OPTIONAL_FILES, read_artifacts
 from harness.report.usage import attempt_usage
 
-ARTIFACT_FILES = ("stdout.txt", "stderr.txt", "transcript.jsonl", "grade-stderr.txt", "verifier-stdout.txt", "verifier-stderr.txt")
-OPTIONAL_FILES = ("grade-stderr.txt", "verifier-stdout.txt", "verifier-stderr.txt")  # shown only when present
 
 
 def _open(db: str | None) -> Any:
@@ -176,31 +174,6 @@ def trials(
 # ----------------------------------------------------------------------------- show
 
 
-def _read_artifacts(path: str) -> dict[str, Any]:
-    """Tails of the attempt's artifact files and which files exist (None = absent)."""
-    base = Path(path) if path else None
-    out: dict[str, Any] = {"dir": path or None, "present": [], "tails": {}}
-    for name in ARTIFACT_FILES:
-        data = None
-        if base is not None:
-            p = base / name
-            try:
-                size = p.stat().st_size
-                with open(p, "rb") as f:
-                    if size > 64 * 1024:
-                        f.seek(size - 64 * 1024)
-                    data = f.read()
-            except OSError:
-                data = None
-        out["tails"][name] = tail_text(data)
-    if base is not None and base.is_dir():
-        out["present"] = sorted(str(p) for p in base.iterdir() if p.is_file())
-        grade = base / "grade"
-        if grade.is_dir():
-            out["present"] += sorted(str(p) for p in grade.iterdir() if p.is_file())
-    return out
-
-
 def _attempt_dict(a: Any) -> dict[str, Any]:
     return a.model_dump(mode="json")
 
@@ -238,7 +211,7 @@ def show(
     th = Thresholds.from_profile(r.profile_json)
     env = a.envelope or {}
     series = derive_series(samples, env.get("cpus"), env.get("cores"), a.memory_max, a.pids_max)
-    arts = _read_artifacts(a.artifacts)
+    arts = read_artifacts(a.artifacts)
     beside = overlapping(a, siblings)
     doc = {
         "headline": headline(a),

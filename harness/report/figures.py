@@ -1,4 +1,4 @@
-"""Figures for the HTML report (plotly, bundled inline so the page works offline).
+"""Figures for the HTML report (plotly, bundled inline, compressed, so the page works offline).
 
 - pass@k and pass^k against k, with their "tasks like these" intervals;
 - the task x trial grid of outcomes coloured by failure kind, discarded attempts marked;
@@ -11,14 +11,21 @@ sibling runs' summaries; returns HTML fragments.
 
 from __future__ import annotations
 
+import base64
+import gzip
+import html
+import json
+from functools import lru_cache
 from typing import Any, Sequence
 
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from harness.core.aggregate import slot_views
 from harness.report.layout import HtmlBlock, Section, TextBlock
+from harness.report.render import script_json
 
 KIND_COLORS = {
     "pass": "#2e7d32",
@@ -34,26 +41,87 @@ KINDS = list(KIND_COLORS)
 _CONFIG = {"displaylogo": False, "responsive": True, "staticPlot": False}
 
 
+# Records script errors and how many figures are drawn as attributes of <html> (read by the
+# headless-browser test): once on load, again when the figures are drawn (after the bundle
+# is decompressed, which is asynchronous).
 _ERROR_PROBE = """<script>
 window.__harnessErrors = [];
 window.addEventListener('error', function (e) { window.__harnessErrors.push(String(e.message || e)); });
-window.addEventListener('load', function () {
+window.addEventListener('unhandledrejection', function (e) { window.__harnessErrors.push(String(e.reason)); });
+window.__harnessProbe = function () {
   document.documentElement.setAttribute('data-errors', JSON.stringify(window.__harnessErrors));
   document.documentElement.setAttribute('data-figures', String(document.querySelectorAll('.js-plotly-plot .main-svg').length));
-});
+};
+window.addEventListener('load', window.__harnessProbe);
+</script>
+"""
+
+# The plotly bundle (4.8 MB) ships gzip-compressed and base64-encoded (2 MB) in a data
+# block; the page decompresses it with the browser's own DecompressionStream, runs it, then
+# draws every figure from its JSON block. Nothing is fetched: the page works offline.
+_LOADER = """<script>
+(function () {
+  function gunzip(b64) {
+    if (typeof DecompressionStream === 'undefined') {
+      return Promise.reject(new Error('this browser has no DecompressionStream (gzip); open the report in a current Chrome, Edge, Firefox or Safari'));
+    }
+    var bin = atob(b64), bytes = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    return new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip'))).text();
+  }
+  var parsed = new Promise(function (done) {
+    if (document.readyState !== 'loading') done(); else document.addEventListener('DOMContentLoaded', done);
+  });
+  window.harnessPlotly = gunzip(document.getElementById('harness-plotly-gz').textContent.trim()).then(function (code) {
+    var s = document.createElement('script');
+    s.textContent = code;
+    document.head.appendChild(s);
+    if (!window.Plotly) throw new Error('the plotly bundle did not define Plotly');
+    return window.Plotly;
+  });
+  Promise.all([window.harnessPlotly, parsed]).then(function (r) {
+    var jobs = [];
+    document.querySelectorAll('script[data-figure]').forEach(function (s) {
+      var f = JSON.parse(s.textContent);
+      jobs.push(r[0].newPlot(s.getAttribute('data-figure'), f.data, f.layout, f.config));
+    });
+    return Promise.all(jobs);
+  }).catch(function (e) {
+    window.__harnessErrors.push(String(e && e.message || e));
+    document.querySelectorAll('script[data-figure]').forEach(function (s) {
+      var d = document.getElementById(s.getAttribute('data-figure'));
+      if (d) { d.className = 'warn'; d.textContent = 'figure not drawn: ' + String(e && e.message || e); }
+    });
+  }).then(function () {
+    document.documentElement.setAttribute('data-figures-done', '1');
+    window.__harnessProbe();
+  });
+})();
 </script>
 """
 
 
+@lru_cache(maxsize=1)
+def _bundle_gz_b64() -> str:
+    """plotly.min.js, gzip-compressed (deterministic: no timestamp) and base64-encoded."""
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode("utf-8"), 9, mtime=0)).decode("ascii")
+
+
 def head_html() -> str:
-    """The plotly bundle, inlined once (no CDN: the file must open offline), after a tiny
-    probe that records script errors on the page (read by the headless-browser test)."""
-    return _ERROR_PROBE + f'<script type="text/javascript">{get_plotlyjs()}</script>\n'
+    """The plotly bundle, inlined once (no CDN: the file must open offline) as compressed
+    data, the loader that draws the figures once it is decompressed, and a tiny probe that
+    records script errors on the page (read by the headless-browser test)."""
+    return (_ERROR_PROBE + f'<script type="application/gzip+base64" id="harness-plotly-gz">{_bundle_gz_b64()}</script>\n'
+            + _LOADER)
 
 
 def _div(fig: go.Figure, div_id: str) -> str:
+    """The figure's placeholder and its JSON, drawn by the loader once plotly is ready."""
     fig.update_layout(margin=dict(l=60, r=20, t=50, b=50), template="plotly_white", font=dict(size=12))
-    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=_CONFIG)
+    spec = {**json.loads(pio.to_json(fig, validate=False)), "config": _CONFIG}
+    e = html.escape(div_id)
+    return (f'<div id="{e}" class="plotly-graph-div" style="width:100%;"></div>'
+            f'<script type="application/json" data-figure="{e}">{script_json(spec)}</script>')
 
 
 def fig_pass_vs_k(report: dict[str, Any]) -> go.Figure | None:

@@ -2,8 +2,9 @@
 
 ``report_sections(report)`` turns a report (its JSON data) into :class:`Section` objects made
 of :class:`TableBlock` / :class:`TextBlock` / :class:`HtmlBlock`; each renderer in
-``harness.report.render`` maps those blocks to its format. A figures section (plotly, inlined
-so the page stays offline) plugs into the HTML through ``render_html(..., extra_sections=...)``.
+``harness.report.render`` maps those blocks to its format. The figures (plotly, inlined so the
+page stays offline) and the failure review (``harness.report.review``) plug into the HTML
+through ``render_html(..., extra_sections=...)``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ nothing itself."""
 from __future__ import annotations
 
 import html as _html
+import json
 import xml.etree.ElementTree as ET
 from typing import Any, Sequence
 
@@ -13,6 +14,16 @@ from harness.report.build import counts_text, ks_text
 from harness.report.layout import HtmlBlock, Section, TableBlock, TextBlock, comparison_sections, f3, failures_text, fci, report_sections
 from harness.report.usage import cost_text, errors_text, tokens_text
 from harness.report.views import printable
+
+
+def script_json(obj: Any) -> str:
+    """``obj`` as JSON text that is safe inside an HTML <script> element whatever its strings
+    hold: every ``<``, ``>`` and ``&`` escaped (so no ``</script>`` or ``<!--`` can end or bend
+    the element), and everything beyond ASCII too (U+2028/2029, lone surrogates). The
+    page reads it back with ``JSON.parse(element.textContent)``."""
+    s = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
 
 def render_table(report: dict[str, Any]) -> Any:
     """The report as rich renderables (a ``rich.console.Group``) for a terminal."""
@@ -113,6 +124,32 @@ table.kv td:first-child { color: var(--muted); white-space: nowrap; }
 .muted { color: var(--muted); font-size: 12px; }
 ul { margin: 4px 0; padding-left: 20px; }
 footer { margin-top: 32px; color: var(--muted); font-size: 12px; }
+h3 { font-size: 15px; margin: 18px 0 6px; } h4 { font-size: 13px; margin: 12px 0 4px; }
+code { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; background: var(--head); padding: 0 3px; }
+.review-filter { position: sticky; top: 0; background: var(--bg); border-bottom: 1px solid var(--line); padding: 6px 0; z-index: 1; }
+.review-filter label { margin-right: 12px; white-space: nowrap; }
+.kind { display: inline-block; padding: 0 6px; border-radius: 8px; color: #fff; font-size: 12px; background: #57606a; }
+.k-wrong_state { background: #c62828; } .k-crashed { background: #6a1b9a; } .k-timeout { background: #ef6c00; }
+.k-oom_killed { background: #ad1457; } .k-ungradable { background: #4e342e; }
+details.rattempt { border: 1px solid var(--line); border-radius: 6px; margin: 6px 0; }
+details.rattempt > summary { cursor: pointer; padding: 4px 8px; overflow-wrap: anywhere; }
+details.rattempt[open] > summary { border-bottom: 1px solid var(--line); background: var(--head); }
+.pair { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 10px; padding: 8px; }
+@media (max-width: 900px) { .pair { grid-template-columns: minmax(0, 1fr); } }
+.side { min-width: 0; border-left: 4px solid var(--line); padding-left: 8px; }
+.side-fail { border-left-color: var(--bad); } .side-pass { border-left-color: var(--ok); } .side-none { color: var(--muted); }
+.side table { width: 100%; table-layout: fixed; } .side td { overflow-wrap: anywhere; }
+td.hot { color: var(--bad); font-weight: 600; }
+pre.blob, pre.diff, .msg-body { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; white-space: pre-wrap;
+        overflow-wrap: anywhere; margin: 4px 0; }
+pre.blob, pre.diff { background: var(--head); border: 1px solid var(--line); padding: 6px; max-height: 420px; overflow: auto; }
+.conv { max-height: 640px; overflow: auto; border: 1px solid var(--line); padding: 4px; }
+.msg { border-radius: 6px; padding: 4px 8px; margin: 4px 0; background: var(--head); }
+.msg-role { font-weight: 600; font-size: 12px; }
+.role-assistant { background: #ddf4ff; } .role-user { background: #fff8c5; } .role-system { background: #eaeef2; }
+.role-tool_call { background: #fbefff; } .role-tool_result { background: #f6f8fa; border: 1px solid var(--line); }
+.role-error { background: #ffebe9; } .role-raw { background: #fff; border: 1px dashed var(--line); }
+.gap { text-align: center; padding: 4px; }
 """
 
 
@@ -149,10 +186,11 @@ def _html_block(b: Any) -> str:
 
 
 def render_html(report: dict[str, Any], *, extra_sections: Sequence[Section] = (), head_html: str = "") -> str:
-    """One self-contained HTML page (inline CSS, no scripts, no network references).
+    """One self-contained HTML page (inline CSS and scripts, no network references).
 
-    ``extra_sections`` are appended after the tables (the later figures section goes here);
-    ``head_html`` is inserted into <head> (e.g. an inlined plotly bundle -- never a CDN link).
+    ``extra_sections`` are appended after the tables (the figures and the failure review go
+    here); ``head_html`` is inserted into <head> (e.g. the inlined plotly bundle -- never a
+    CDN link).
     """
     e = _html.escape
     idn = report["identity"]
