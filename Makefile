@@ -84,7 +84,7 @@ lint: venv
 	@$(VENV)/bin/lint-imports --no-cache
 
 bench: setup compose
-	$(PY) -m harness.cli.bench
+	$(PY) -m harness.cli.bench --readme README.md
 
 schemas: venv
 	$(PY) -m harness.model.schemas

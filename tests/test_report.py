@@ -306,9 +306,11 @@ def test_every_format_renders(mixed, tmp_path):
     assert page.startswith("<!DOCTYPE html>") and page.count("<html") == 1 and page.rstrip().endswith("</html>")
     p = _Tags()
     p.feed(page)
-    # self-contained: scripts are inline (the plotly bundle), nothing is fetched
-    assert not [t for t, a in p.tags if t in ("link", "img", "iframe") or "src" in a or "href" in a]
+    # self-contained: scripts are inline (the plotly bundle), nothing is fetched; links only
+    # point within the page (the failure review's anchors)
+    assert not [t for t, a in p.tags if t in ("link", "img", "iframe") or "src" in a or ("href" in a and not a["href"].startswith("#"))]
     assert [t for t, a in p.tags if t == "script"], "the plotly bundle is inlined"
+    assert [a for t, a in p.tags if t == "a" and a.get("href", "").startswith("#attempt-")], "each reviewed attempt has an anchor"
     for fig in ("fig-pass-vs-k", "fig-grid"):  # fig-saturation needs counters, which these rows lack
         assert f'id="{fig}"' in page
     assert "<style>" in page and "t5" in page and "naive" in page and 'class="fail"' in page
@@ -372,3 +374,21 @@ def test_build_report_is_pure_on_plain_rows():
     assert rep["tasks"][0]["marks"] == "✓✓" and rep["suite"]["by_k"][0]["pass^k"]["estimate"] == 1.0
     with pytest.raises(ValueError, match="k=3"):
         build_report(run, atts, k=3)
+
+
+def test_lean_read_gives_the_same_report_as_whole_records(db):
+    """The report's lean read (REPORT_FIELDS, each JSON value decoded once, rules of discarded
+    attempts only) builds the same report as whole records, with unmeasured slots, discards,
+    model calls and node facts in play."""
+    from harness.report.build import build_report
+    from harness.store.store import REPORT_FIELDS
+
+    store, _ = db
+    run = add_run(store, "rlean", {"a": "✓✗✓·", "b": "✓✓✓✓", "c": "✗T✓O"}, discards={"b": 3}, ks=(1, 2, 4))
+    full = store.attempts(run.id)
+    lean = store.attempts(run.id, REPORT_FIELDS)
+    assert [a.id for a in lean] == [a.id for a in full]
+    assert all(a.rules == [] for a in lean if a.verdict == "clean")
+    assert all(a.rules == b.rules and a.rules for a, b in zip(lean, full) if a.verdict != "clean")
+    assert lean[0].counters == {} and full[0].envelope == lean[0].envelope == {}
+    assert build_report(run, lean).data() == build_report(run, full).data()

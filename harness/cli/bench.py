@@ -6,10 +6,13 @@ compared with, both measured here and now, interleaved so drift hits both equall
   1. per-attempt overhead: harness ``run_command`` (sandbox exec of a no-op) vs a bare
      docker-py ``containers.run`` of the same image under the same envelope;
   2. sampling cost: controller CPU spent by the monitor per attempt-second, as a share of one core;
+  2b. controller scale model: controller CPU and memory per concurrent attempt (monitors of N
+     sandboxes sharing cores: a bench-only mode), and the concurrency that fills one core;
   3. run throughput: attempts/s of ``harness run`` (no-op agent, whole pipeline: setup,
      agent, export, grade, judge, store) vs a per-trial ``docker-compose up / exec / down``
      loop doing the same work, the way compose-based harnesses run trials;
   4. estimator: suite metrics for 10^5 tasks x 100 trials vs a plain Python pass over the data;
+     and `harness report` (json) of one run of 10^5 attempts vs a raw sqlite3 SELECT of its rows;
   5. report query: summarising one run in a SQLite store of 10^6 attempts vs a raw sqlite3
      query of the same rows;
   6. model gateway: one call through the gateway vs the same call made directly to the same
@@ -93,13 +96,23 @@ def _overhead(client, prof, cpuset, rounds: int) -> dict:
         "baseline_median_s": round(bm, 4),
         "baseline": "docker-py containers.run(remove=True), same image and envelope",
         "ratio": round(hm / bm, 3),
+        "harness_s": _spread(harness_t),
+        "baseline_s": _spread(bare_t),
+        "per-round ratio": _spread([h / b for h, b in zip(harness_t, bare_t)], "{:.3f}") + "  (goal <= 1.10)",
         "rounds": rounds,
     }
 
 
-def bench_sampling(client, seconds: float = 5.0, hz: float = 5.0) -> dict:
+def bench_sampling(client, seconds: float = 5.0, hz: float = 5.0, repeats: int = 5) -> dict:
+    """The sampling cost, repeated: the figure moves between runs, so its median and spread."""
     with CpuPool.for_host().leased(1) as cpuset:
-        return _sampling(client, load_profile("standard"), cpuset, seconds, hz)
+        runs = [_sampling(client, load_profile("standard"), cpuset, seconds, hz) for _ in range(repeats)]
+    out = dict(runs[len(runs) // 2])
+    shares = [r["share_of_one_core_pct"] for r in runs]
+    out["share_of_one_core_pct"] = _spread(shares, "{:.3f}") + "  (goal <= 0.5)"
+    out["per_sample_us"] = _spread([r["per_sample_us"] for r in runs], "{:.0f}")
+    out.pop("controller_cpu_per_attempt_second", None)
+    return out
 
 
 def _sampling(client, prof, cpuset, seconds: float, hz: float) -> dict:
@@ -127,6 +140,66 @@ def _sampling(client, prof, cpuset, seconds: float, hz: float) -> dict:
         "share_of_one_core_pct": round(100 * share, 3),
         "per_sample_us": round(per_sample_us, 1),
         "baseline": "same process idling without a monitor, same duration",
+    }
+
+
+def bench_controller_scale(client, levels: tuple[int, ...] = (8, 32, 64, 128), seconds: float = 6.0, hz: float = 5.0) -> dict:
+    """Scale model of the controller: its CPU and memory with N concurrent attempts' monitors.
+
+    Bench-only core sharing (no ``run`` option offers it: a real attempt leases exclusive
+    cores): N sleeping sandboxes all on the same cores, each watched by its own monitor at
+    ``hz`` exactly as ``measured_exec`` watches an agent. The controller's CPU over the window
+    (this process, ``process_time``), less the same window idle, divided by N is the CPU per
+    concurrent attempt; one core / that share is the concurrency that saturates one controller
+    core. RSS is read before and after the monitors start."""
+    import psutil
+
+    from harness.measure import host as hoststats
+
+    prof = load_profile("standard")
+    pool = CpuPool.for_host()
+    shared = list(pool.cpus[len(pool.reserved):] or pool.cpus)
+    me = psutil.Process()
+    rows = []
+    sandboxes: list = []
+    try:
+        for n in levels:
+            while len(sandboxes) < n:
+                sb = DockerSandbox(client, SandboxSpec(image=SANDBOX_IMAGE, profile=prof, cpuset=shared,
+                                                       labels={"dev.harness.bench": "scale"}))
+                sb.start()
+                sandboxes.append(sb)
+            c0 = time.process_time()
+            time.sleep(seconds)
+            idle = time.process_time() - c0
+            rss0 = me.memory_info().rss
+            mons = []
+            c0 = time.process_time()
+            for sb in sandboxes:
+                m = Monitor(lambda t, sb=sb: sb._reader.read(t, io=False), shared, hz)
+                m.start(time.monotonic(), hoststats.read_host_snapshot(time.monotonic()), sb.snapshot())
+                mons.append(m)
+            time.sleep(seconds)
+            rss1 = me.memory_info().rss
+            for m in mons:
+                m.stop()
+            busy = time.process_time() - c0 - idle
+            samples = sum(len(m.samples) for m in mons)
+            rows.append({"n": n, "cpu_share": busy / seconds, "per_attempt": busy / seconds / n, "samples": samples,
+                         "expected": int(n * seconds * hz), "rss_mib_per_attempt": (rss1 - rss0) / 2**20 / n})
+    finally:
+        for sb in sandboxes:
+            sb.remove()
+    per = [r["per_attempt"] for r in rows]
+    med = statistics.median(per)
+    return {
+        "name": f"controller scale model: N concurrent attempts' monitors at {hz:g} Hz (bench-only shared cores, {seconds:g} s windows)",
+        "controller CPU, share of one core": "; ".join(f"N={r['n']}: {100 * r['cpu_share']:.1f}% "
+                                                         f"({r['samples']}/{r['expected']} samples)" for r in rows),
+        "CPU per concurrent attempt (% of a core)": _spread([100 * x for x in per], "{:.3f}"),
+        "memory per concurrent attempt (MiB RSS)": "; ".join(f"N={r['n']}: {r['rss_mib_per_attempt']:.2f}" for r in rows),
+        "attempts that saturate one controller core": f"{1 / med:.0f} (goal >= 256)" if med > 0 else "-",
+        "baseline": "the same process idling for the same window, same sandboxes up",
     }
 
 
@@ -287,31 +360,99 @@ def _insert(con, rows) -> None:
     )
 
 
-def bench_estimator(tasks: int = 100_000, trials: int = 100) -> dict:
-    from harness.core.estimator import TaskOutcomes, suite_metrics
+def _spread(xs: list[float], fmt: str = "{:.4f}") -> str:
+    return f"median {fmt.format(statistics.median(xs))} (min {fmt.format(min(xs))}, max {fmt.format(max(xs))}, n={len(xs)})"
 
-    rng = random.Random(0)
-    data = []
-    for i in range(tasks):
-        p = rng.random()
-        data.append(TaskOutcomes(task_id=f"t{i}", trials=[rng.random() < p for _ in range(trials)]))
-    t0 = time.perf_counter()
-    suite_metrics(data, [1, 4, 8])
-    est = time.perf_counter() - t0
-    # baseline: one pass over the same booleans computing the plain mean
-    t0 = time.perf_counter()
-    s = 0
-    for t in data:
-        s += sum(t.trials)
-    base = time.perf_counter() - t0
+
+def bench_estimator(tasks: int = 100_000, trials: int = 100, repeats: int = 5) -> dict:
+    """Suite pass@1 / pass@k / pass^k at k = 1, 4, 8 from a tasks x trials outcome matrix (the
+    vectorized path: counts, then each distinct (n, c) once) vs a plain Python sum over the
+    same outcomes as lists; both repeated, medians and spread."""
+    import numpy as np
+
+    from harness.core.estimator import suite_metrics_counts
+
+    rng = np.random.default_rng(0)
+    outcomes = rng.random((tasks, trials)) < rng.random(tasks)[:, None]
+    ids = [f"t{i}" for i in range(tasks)]
+    lists = outcomes.tolist()
+    est, base = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        suite_metrics_counts(ids, np.full(tasks, trials), outcomes.sum(axis=1), [1, 4, 8])
+        est.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        s = 0
+        for row in lists:
+            s += sum(row)
+        base.append(time.perf_counter() - t0)
     return {
-        "name": f"estimator, {tasks} tasks x {trials} trials, k in 1,4,8",
-        "estimator_s": round(est, 4),
-        "baseline_s": round(base, 4),
+        "name": f"estimator, {tasks} tasks x {trials} trials, k in 1,4,8 (goal <= 0.1 s)",
+        "estimator_s": _spread(est),
+        "baseline_s": _spread(base),
         "baseline": "a plain Python sum over the same outcomes",
-        "ratio": round(est / base, 2),
+        "ratio": round(statistics.median(est) / statistics.median(base), 3),
     }
 
+
+def bench_report_scale(tasks: int = 12_500, trials: int = 8, repeats: int = 3) -> dict:
+    """`harness report RUN --format json` of one run of tasks x trials attempts (10^5), in a
+    SQLite store the bench makes: a real no-op run's attempt row, replicated by SQL with
+    per-row outcomes and CPU counters, vs a raw sqlite3 SELECT * of the same rows."""
+    import sqlite3
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="harness-bench-report-") as tmp:
+        root = Path(tmp)
+        db = root / "r.db"
+        env = {**os.environ, "HARNESS_HOME": str(root / "home")}
+        r = subprocess.run([sys.executable, "-m", "harness", "run", "--suite", str(_noop_suite(root)), "--trials", "1",
+                            "--db", f"sqlite:///{db}", "--json"], capture_output=True, text=True, env=env, cwd=root)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr[-500:])
+        run_id = json.loads(r.stdout)["run_id"]
+        con = sqlite3.connect(db)
+        cols = [c[1] for c in con.execute("pragma table_info(attempts)") if c[1] != "id"]
+        tmpl = con.execute("select min(id) from attempts where verdict = 'clean'").fetchone()[0]
+        last = con.execute("select max(id) from attempts").fetchone()[0]
+        pick = "(g.i * 2654435761) % 100"
+        expr = {"task_id": f"'t' || (g.i / {trials})", "slot": f"g.i % {trials}",
+                "outcome": f"case when {pick} < 60 then 'pass' else 'fail' end",
+                "failure_kind": f"case when {pick} < 60 then null else 'wrong_state' end",
+                "grade_reason": f"case when {pick} < 60 then null else 'log: expected [[0]], got [[1]]' end",
+                "cpu_usage_us": "a.cpu_usage_us + g.i", "wall_s": "a.wall_s + g.i * 1e-6",
+                "counters": "json_set(a.counters, '$.cpu_usage_us', a.cpu_usage_us + g.i)",
+                "rules": "json_set(a.rules, '$[0].value', g.i * 1e-6)"}
+        con.execute(f"insert into attempts ({', '.join(cols)}) with recursive g(i) as (select 0 union all select i + 1 from g "
+                    f"where i + 1 < {tasks * trials}) select {', '.join(expr.get(c, 'a.' + c) for c in cols)} "
+                    f"from g, attempts a where a.id = {tmpl}")
+        con.execute("delete from attempts where run_id = ? and id <= ?", (run_id, last))  # the no-op run's own
+        con.execute("update runs set task_ids = ?, trials = ?, ks = ? where id = ?",
+                    (json.dumps([f"t{i}" for i in range(tasks)]), trials, json.dumps([1, 2, 4, 8]), run_id))
+        con.commit()
+        n = con.execute("select count(*) from attempts where run_id = ?", (run_id,)).fetchone()[0]
+        code = ("import json, sys, time; t0 = time.perf_counter(); from harness.cli import main; sys.argv = ['harness', 'report', "
+                f"{run_id!r}, '--format', 'json', '--db', {f'sqlite:///{db}'!r}, '--out', {str(root / 'r.json')!r}]\n"
+                "try:\n    main()\nexcept SystemExit:\n    pass\nprint(time.perf_counter() - t0, file=sys.stderr)")
+        h, b = [], []
+        for _ in range(repeats):
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+            if not (root / "r.json").exists():
+                raise RuntimeError(p.stderr[-500:])
+            h.append(float(p.stderr.strip().splitlines()[-1]))
+            t0 = time.perf_counter()
+            con.execute("select * from attempts where run_id = ?", (run_id,)).fetchall()
+            b.append(time.perf_counter() - t0)
+        con.close()
+    return {
+        "name": f"report of one run of {n:,} attempts ({tasks} tasks x {trials} trials), SQLite (goal <= 1 s)",
+        "harness_report_json_s": _spread(h, "{:.2f}") + "  (in-process: imports, store, load, build, json)",
+        "baseline_s": _spread(b, "{:.2f}"),
+        "baseline": "raw sqlite3 SELECT * of the same run's attempt rows",
+        "ratio": round(statistics.median(h) / statistics.median(b), 2),
+    }
 
 
 def _kind_suites(root: Path) -> dict[str, tuple[Path, list[str]]]:
@@ -589,20 +730,51 @@ def bench_ray(rounds: int = 3, small: int = 4, large: int = 16) -> dict:
         rx.shutdown()
 
 
+BEGIN, END = "<!-- bench table: written by make bench -->", "<!-- end of bench table -->"
+
+
+def markdown_table(results: list[dict]) -> str:
+    """One row per figure: what was measured, then every value the bench printed for it."""
+    def cell(v: object) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| what | figures (harness, baseline, ratio; spread where repeated) |", "|---|---|"]
+    for r in results:
+        rest = "<br>".join(f"{cell(k)}: **{cell(v)}**" if "ratio" in k else f"{cell(k)}: {cell(v)}" for k, v in r.items() if k != "name")
+        lines.append(f"| {cell(r.get('name', ''))} | {rest} |")
+    return "\n".join(lines)
+
+
+def write_readme_table(readme: Path, results: list[dict]) -> None:
+    """Replace the text between the bench markers of ``readme`` with this run's table."""
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme}: no bench markers ({BEGIN} ... {END}); add them where the table goes")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    stamp = time.strftime("%Y-%m-%d", time.gmtime())
+    readme.write_text(f"{head}{BEGIN}\n_Last `make bench`: {stamp}, {os.cpu_count()} CPUs._\n\n"
+                      f"{markdown_table([dict(r) for r in results])}\n{END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="harness.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "15")))
     ap.add_argument("--trials", type=int, default=int(os.environ.get("BENCH_TRIALS", "20")), help="no-op trials for the throughput comparison")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--readme", type=Path, default=None,
+                    help="also rewrite the table between the bench markers of this README (make bench passes README.md)")
     args = ap.parse_args(argv)
     client = connect()
     results = [
         bench_overhead(client, args.rounds),
         bench_sampling(client),
+        bench_controller_scale(client),
         bench_throughput(client, args.trials),
         bench_state_kinds(),
         bench_task_builds(),
         bench_estimator(),
+        bench_report_scale(),
         bench_report_query(),
         bench_gateway(client),
         bench_ray(),
@@ -610,6 +782,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
+    if args.readme is not None:
+        write_readme_table(args.readme, results)
     for r in results:
         print(f"== {r.pop('name')}")
         for k, v in r.items():

@@ -52,10 +52,20 @@ def _store(db: str | None) -> Any:
     return Store.open(db, mode="ro")
 
 
-def _load(store: Any, run_ref: str) -> tuple[RunRecord, list[AttemptRecord]]:
-    """The run (id, unique prefix or `last`) and its attempts; unknown run -> exit 2."""
+def _load(store: Any, run_ref: str, lean: bool = False) -> tuple[RunRecord, list[AttemptRecord]]:
+    """The run (id, unique prefix or `last`) and its attempts; unknown run -> exit 2. ``lean``:
+    only the fields a report reads (REPORT_FIELDS), for every format but html."""
+    import gc
+
+    from harness.store.store import REPORT_FIELDS
+
     run = store.get_run(run_ref)
-    return run, store.attempts(run.id)
+    attempts = store.attempts(run.id, REPORT_FIELDS if lean else None)
+    # what was just loaded lives until exit: keep the cycle collector from walking it again
+    # and again while the report allocates (at 10^5 attempts that was most of the build time)
+    if len(attempts) > 20_000:
+        gc.freeze()
+    return run, attempts
 
 
 def _print_rich(renderable: Any, out: Optional[Path]) -> None:
@@ -125,7 +135,7 @@ def report(
     _check_out(out)
     table = load_prices(prices)
     store = _store(db)
-    row, attempts = _load(store, run)
+    row, attempts = _load(store, run, lean=fmt is not ReportFormat.html)
     if k is not None:
         problem = check_k(row, k)
         if problem:
@@ -140,8 +150,10 @@ def report(
         _emit(render_markdown(data), out)
     elif fmt is ReportFormat.html:
         from harness.report.figures import figure_sections, head_html
+        from harness.report.review import review_sections
 
-        _emit(render_html(data, extra_sections=figure_sections(data, attempts, _sweep_of(store, row)), head_html=head_html()), out)
+        sections = [*figure_sections(data, attempts, _sweep_of(store, row)), *review_sections(data, attempts)]
+        _emit(render_html(data, extra_sections=sections, head_html=head_html()), out)
     else:
         _emit(render_junit(data), out)
     if out is not None:

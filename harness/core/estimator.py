@@ -20,7 +20,7 @@ listed, never counted as a pass or a fail.
 
 from __future__ import annotations
 
-import bisect
+import functools
 import math
 import numbers
 import random
@@ -247,6 +247,7 @@ def _mean(xs: Sequence[float]) -> float:
     return math.fsum(xs) / len(xs)
 
 
+@functools.lru_cache(maxsize=65536)  # a suite has few distinct (n, c): 10^5 tasks, a few hundred calls
 def _task_value(metric: str, n: int, c: int, k: int) -> float:
     if metric == "pass@1":
         return c / n
@@ -368,7 +369,7 @@ class _PairTables:
 
     def task(self, task_id: str, j: int) -> TaskMetrics:
         n, c = self.pairs[j]
-        return TaskMetrics(task_id=task_id, n=n, c=c, pass1=self.pass1[j], pass_at_k={k: self.at[k][j] for k in self.ks},
+        return TaskMetrics.model_construct(task_id=task_id, n=n, c=c, pass1=self.pass1[j], pass_at_k={k: self.at[k][j] for k in self.ks},
                            pass_hat_k={k: self.hat[k][j] for k in self.ks})
 
 
@@ -498,6 +499,11 @@ def task_variance(metric: Metric, n: int, c: int, k: int | None = None) -> float
     fn = "task_variance"
     metric, k = _metric_k(fn, metric, k)
     n, c, k = _check_nck(fn, n, c, k)
+    return _task_variance(metric, n, c, k)
+
+
+@functools.lru_cache(maxsize=65536)
+def _task_variance(metric: str, n: int, c: int, k: int) -> float:
     p = (c + 0.5) / (n + 1)
     if metric == "pass@1":
         return p * (1 - p) / n
@@ -572,7 +578,7 @@ def suite_interval(
             n_eff = cap if var <= 0 or m * (1 - m) <= 0 else max(1.0, min(cap, m * (1 - m) / var))
             low, high = _wilson_at(m, n_eff, t_ppf(0.5 + conf / 2, T - 1))
     else:
-        var = math.fsum(task_variance(metric, t.n, t.c, k) for t in inc) / (T * T)
+        var = math.fsum(_task_variance(metric, t.n, t.c, k) for t in inc) / (T * T)
         n_eff = cap if var <= 0 or m * (1 - m) <= 0 else max(1.0, min(cap, m * (1 - m) / var))
         low, high = _wilson_at(m, n_eff, normal_ppf(0.5 + conf / 2))
     return SuiteInterval(
@@ -628,7 +634,11 @@ def drift_test(
 
     Main test: within-task permutation of early-half (first n//2 trials) vs late-half
     success, pooled over tasks with n >= 2; the null shuffles each task's trials, so each
-    task keeps its own pass rate (drawn as hypergeometric counts, ``n_perm`` times, seeded).
+    task keeps its own pass rate. The p-value is exact: the null distribution of the pooled
+    early passes is the convolution of the tasks' hypergeometric laws (one per distinct
+    (n, c), raised to its multiplicity by FFT), so it costs the same at 10^5 tasks as at 10.
+    ``n_perm`` and ``seed`` are accepted for compatibility and not used (``n_perm`` = 0 in
+    the result: no Monte Carlo draws).
     Also Cochran's Q over trial indices, with the tasks sharing the most common n as blocks.
     Returns statistic (late - early rate), p-value, both rates, Q and a one-line verdict.
     """
@@ -655,34 +665,7 @@ def drift_test(
     # late - early = (C*E - X*(E+L)) / (E*L): compare the integer numerators for exact ties.
     obs = abs(C * E - x_obs * (E + L))
 
-    fixed = 0
-    cdfs: dict[tuple[int, int, int], tuple[int, list[float]]] = {}
-    samplers: list[tuple[int, list[float]]] = []
-    for t in used:
-        n, c, h = t.n, t.c, t.n // 2
-        lo, hi = max(0, h - (n - c)), min(h, c)
-        if lo == hi:
-            fixed += lo
-            continue
-        key = (n, c, h)
-        if key not in cdfs:
-            total = math.comb(n, h)
-            acc, cdf = 0, []
-            for x in range(lo, hi + 1):
-                acc += math.comb(c, x) * math.comb(n - c, h - x)
-                cdf.append(acc / total)
-            cdf[-1] = 1.0
-            cdfs[key] = (lo, cdf)
-        samplers.append(cdfs[key])
-    rng = random.Random(seed)
-    hits = 0
-    for _ in range(n_perm):
-        x = fixed
-        for lo, cdf in samplers:
-            x += lo + bisect.bisect_right(cdf, rng.random())
-        if abs(C * E - x * (E + L)) >= obs:
-            hits += 1
-    p = (hits + 1) / (n_perm + 1)
+    p = _drift_exact_p(used, C, E, L, obs)
 
     if p < alpha:
         direction = "fell" if late < early else "rose"
@@ -699,9 +682,39 @@ def drift_test(
         verdict = f"no drift detected: early trials {early:.0%}, late trials {late:.0%} (p={p:.3g})"
     return DriftResult(
         statistic=late - early, p_value=p, early_rate=early, late_rate=late, n_tasks=len(used),
-        n_perm=n_perm, seed=seed, cochran_q=q, cochran_df=df, cochran_p_value=qp, cochran_n_tasks=qn,
+        n_perm=0, seed=seed, cochran_q=q, cochran_df=df, cochran_p_value=qp, cochran_n_tasks=qn,
         verdict=verdict,
     )
+
+
+def _drift_exact_p(used: Sequence[TaskOutcomes], C: int, E: int, L: int, obs: int) -> float:
+    """P(|C*E - X*(E+L)| >= obs) for X = the sum over tasks of independent
+    Hypergeometric(n, c, n//2) early-pass counts: the exact within-task permutation p-value."""
+    groups = Counter((t.n, t.c) for t in used)
+    support = sum(min(n // 2, c) * m for (n, c), m in groups.items())
+    size = 1
+    while size < support + 1:
+        size *= 2
+    # the sum's transform is the product over groups of (transform of one task)^multiplicity,
+    # kept as log-magnitude and phase so a zero coefficient is a clean -inf, not a NaN
+    log_mag = np.zeros(size // 2 + 1)
+    phase = np.zeros(size // 2 + 1)
+    for (n, c), m in groups.items():
+        h = n // 2
+        pmf = np.zeros(size)
+        total = math.comb(n, h)
+        for x in range(max(0, h - (n - c)), min(h, c) + 1):
+            pmf[x] = math.comb(c, x) * math.comb(n - c, h - x) / total
+        f = np.fft.rfft(pmf)
+        with np.errstate(divide="ignore"):
+            log_mag += m * np.log(np.abs(f))
+        phase += m * np.angle(f)
+    dist = np.clip(np.fft.irfft(np.exp(log_mag) * np.exp(1j * phase), n=size)[: support + 1], 0.0, None)
+    dist /= dist.sum()
+    x = np.arange(support + 1, dtype=np.float64)
+    # compare integer numerators (exact ties): the statistic is linear in X
+    extreme = np.abs(float(C) * E - x * (E + L)) >= obs - 0.5
+    return float(min(1.0, max(dist[extreme].sum(), 0.0)))
 
 
 def overdispersion_test(tasks: Iterable[TaskOutcomes], alpha: float = 0.05) -> OverdispersionResult:
