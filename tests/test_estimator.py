@@ -602,3 +602,22 @@ def test_sample_size_helpers():
     with pytest.raises(ValueError, match="power"):
         trials_needed(0.5, 0.6, power=1.0)
 
+
+
+def test_suite_metrics_compare_and_dump_with_their_per_task():
+    a = est.suite_metrics_counts(["x", "y"], [4, 3], [2, 3], [1, 2])
+    b = suite_metrics([counts("x", 4, 2), counts("y", 3, 3)], [1, 2])
+    assert a == b
+    d = a.model_dump()
+    assert [t["task_id"] for t in d["per_task"]] == ["x", "y"] and d["per_task"][0]["pass_hat_k"][2] == pytest.approx(1 / 6)
+
+
+def test_drift_p_value_floor_and_large_suites():
+    """A certain drift (every task fails its first half, passes its second) is below the FFT's
+    rounding: reported at the floor, with '<' in the verdict; a suite of many distinct (n, c)
+    still gives a p-value that matches the exact enumeration of a small one."""
+    r = drift_test([TaskOutcomes(task_id=f"t{i}", trials=[False] * 10 + [True] * 10) for i in range(300)])
+    assert r.p_value == est.P_FLOOR and "p<" in r.verdict
+    rng = random.Random(9)
+    many = [TaskOutcomes(task_id=f"t{i}", trials=[rng.random() < 0.5 for _ in range(rng.randint(2, 60))]) for i in range(3000)]
+    assert 0.0 < drift_test(many).p_value <= 1.0

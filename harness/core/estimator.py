@@ -328,7 +328,12 @@ def suite_metrics_counts(task_ids: Sequence[str], n: object, c: object, ks: Iter
         i = int(np.flatnonzero((ca < 0) | (ca > na))[0])
         raise ValueError(f"{fn}: task {ids[i]}: c={int(ca[i])} passes is outside [0, n={int(na[i])}]")
     # one code per distinct (n, c) pair; the scalar estimators run once per pair
-    keys, inverse = np.unique(na * (int(na.max(initial=0)) + 1) + ca, return_inverse=True)
+    top = int(na.max(initial=0)) + 1
+    if top < 2**31:  # one int64 code per pair
+        keys, inverse = np.unique(na * top + ca, return_inverse=True)
+    else:
+        keys, inverse = np.unique(np.stack([na, ca], axis=1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
     first = np.zeros(len(keys), dtype=np.int64)
     first[inverse] = np.arange(len(ids))  # any task of each pair: they share (n, c)
     pairs = [(int(na[i]), int(ca[i])) for i in first]
@@ -354,7 +359,7 @@ def suite_metrics_counts(task_ids: Sequence[str], n: object, c: object, ks: Iter
     n_meas = int(measured.sum())
     pass1 = _weighted_mean(tables.pass1, np.bincount(inverse[measured], minlength=len(keys)).tolist(), n_meas) if n_meas else None
     out = SuiteMetrics(n_tasks=len(ids), unmeasured=[ids[i] for i in np.flatnonzero(~measured)], pass1=pass1, by_k=by_k)
-    out._per_task_source = (ids, pairs, inverse, tables)
+    out._per_task_source = (ids, inverse.tolist(), tables)
     return out
 
 
@@ -366,6 +371,9 @@ class _PairTables:
         self.pass1 = [c / n if n else None for n, c in pairs]
         self.at = {k: [pass_at_k(n, c, k) if n >= k else None for n, c in pairs] for k in ks}
         self.hat = {k: [pass_hat_k(n, c, k) if n >= k else None for n, c in pairs] for k in ks}
+
+    def __eq__(self, other: object) -> bool:  # SuiteMetrics compares its private source too
+        return isinstance(other, _PairTables) and (self.pairs, self.ks) == (other.pairs, other.ks)
 
     def task(self, task_id: str, j: int) -> TaskMetrics:
         n, c = self.pairs[j]
@@ -636,7 +644,8 @@ def drift_test(
     success, pooled over tasks with n >= 2; the null shuffles each task's trials, so each
     task keeps its own pass rate. The p-value is exact: the null distribution of the pooled
     early passes is the convolution of the tasks' hypergeometric laws (one per distinct
-    (n, c), raised to its multiplicity by FFT), so it costs the same at 10^5 tasks as at 10.
+    (n, c), raised to its multiplicity by FFT, the groups combined pairwise); below 1e-12 it is
+    reported as 1e-12, the FFT's rounding floor.
     ``n_perm`` and ``seed`` are accepted for compatibility and not used (``n_perm`` = 0 in
     the result: no Monte Carlo draws).
     Also Cochran's Q over trial indices, with the tasks sharing the most common n as blocks.
@@ -671,7 +680,7 @@ def drift_test(
         direction = "fell" if late < early else "rose"
         verdict = (
             f"drift: pass rate {direction} from {early:.0%} in early trials to {late:.0%} in late "
-            f"trials (permutation p={p:.3g}); check caches, shared state and host load across trials"
+            f"trials (permutation p{'<' if p <= P_FLOOR else '='}{p:.3g}); check caches, shared state and host load across trials"
         )
     elif qp is not None and qp < alpha:
         verdict = (
@@ -689,32 +698,54 @@ def drift_test(
 
 def _drift_exact_p(used: Sequence[TaskOutcomes], C: int, E: int, L: int, obs: int) -> float:
     """P(|C*E - X*(E+L)| >= obs) for X = the sum over tasks of independent
-    Hypergeometric(n, c, n//2) early-pass counts: the exact within-task permutation p-value."""
-    groups = Counter((t.n, t.c) for t in used)
-    support = sum(min(n // 2, c) * m for (n, c), m in groups.items())
-    size = 1
-    while size < support + 1:
-        size *= 2
-    # the sum's transform is the product over groups of (transform of one task)^multiplicity,
-    # kept as log-magnitude and phase so a zero coefficient is a clean -inf, not a NaN
-    log_mag = np.zeros(size // 2 + 1)
-    phase = np.zeros(size // 2 + 1)
-    for (n, c), m in groups.items():
+    Hypergeometric(n, c, n//2) early-pass counts: the exact within-task permutation p-value.
+
+    Each distinct (n, c) law is raised to its multiplicity by FFT at its own length, then the
+    groups' laws are convolved pairwise (a tree: log2(groups) rounds at the full length).
+    Float error is about 1e-15 absolute, so a p-value below P_FLOOR is returned as P_FLOOR
+    (the verdict says "p < ...")."""
+    laws = []
+    for (n, c), m in Counter((t.n, t.c) for t in used).items():
         h = n // 2
-        pmf = np.zeros(size)
         total = math.comb(n, h)
-        for x in range(max(0, h - (n - c)), min(h, c) + 1):
-            pmf[x] = math.comb(c, x) * math.comb(n - c, h - x) / total
-        f = np.fft.rfft(pmf)
-        with np.errstate(divide="ignore"):
-            log_mag += m * np.log(np.abs(f))
-        phase += m * np.angle(f)
-    dist = np.clip(np.fft.irfft(np.exp(log_mag) * np.exp(1j * phase), n=size)[: support + 1], 0.0, None)
+        pmf = np.array([math.comb(c, x) * math.comb(n - c, h - x) / total if max(0, h - (n - c)) <= x <= min(h, c) else 0.0
+                        for x in range(h + 1)])
+        laws.append(_fft_power(pmf, m))
+    while len(laws) > 1:
+        laws = [_fft_convolve(laws[i], laws[i + 1]) if i + 1 < len(laws) else laws[i] for i in range(0, len(laws), 2)]
+    dist = np.clip(laws[0], 0.0, None)
     dist /= dist.sum()
-    x = np.arange(support + 1, dtype=np.float64)
+    x = np.arange(len(dist), dtype=np.float64)
     # compare integer numerators (exact ties): the statistic is linear in X
     extreme = np.abs(float(C) * E - x * (E + L)) >= obs - 0.5
-    return float(min(1.0, max(dist[extreme].sum(), 0.0)))
+    return float(min(1.0, max(dist[extreme].sum(), P_FLOOR)))
+
+
+P_FLOOR = 1e-12  # below this the FFT's rounding, not the data, decides the drift p-value
+
+
+def _fft_size(n: int) -> int:
+    size = 1
+    while size < n:
+        size *= 2
+    return size
+
+
+def _fft_power(pmf: np.ndarray, m: int) -> np.ndarray:
+    """The m-fold convolution of a pmf with itself (as log-magnitude and phase, so a zero
+    coefficient is a clean -inf rather than a NaN)."""
+    out_len = m * (len(pmf) - 1) + 1
+    size = _fft_size(out_len)
+    f = np.fft.rfft(pmf, n=size)
+    with np.errstate(divide="ignore"):
+        mag = m * np.log(np.abs(f))
+    return np.fft.irfft(np.exp(mag) * np.exp(1j * m * np.angle(f)), n=size)[:out_len]
+
+
+def _fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out_len = len(a) + len(b) - 1
+    size = _fft_size(out_len)
+    return np.fft.irfft(np.fft.rfft(a, n=size) * np.fft.rfft(b, n=size), n=size)[:out_len]
 
 
 def overdispersion_test(tasks: Iterable[TaskOutcomes], alpha: float = 0.05) -> OverdispersionResult:

@@ -631,6 +631,10 @@ class _Attempt:
         t = time.monotonic()
         exp = sb.export(files, timeout=self.job.profile.timeouts.grade, dest=dest)
         self._phase("export", t)
+        if self.job.redact:  # the transcript is shown in the HTML report: redacted like stdout and stderr
+            for f in dest.rglob(TRANSCRIPT_FILE):
+                if f.is_file() and not f.is_symlink():
+                    f.write_bytes(self._redacted(f.read_bytes().decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
         if exp.problems:
             self.d.note("; ".join(exp.problems))
 

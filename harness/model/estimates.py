@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 
 Metric = Literal["pass@1", "pass@k", "pass^k"]
 
@@ -64,17 +64,17 @@ class SuiteMetrics(_Model):
         description="Mean over measured tasks of c/n (each task weighs the same, whatever its n)."
     )
     by_k: dict[int, KMetrics] = Field(description="Estimates for each requested k.")
-    # (task ids, distinct (n, c) pairs, each task's pair, the pairs' values): set by the
-    # estimator, so that per_task costs nothing until a caller asks for it
+    # (task ids, each task's distinct-(n, c) index, the pairs' values): set by the estimator,
+    # so that per_task costs nothing until a caller asks for it
     _per_task_source: Any = PrivateAttr(default=None)
 
+    @computed_field(description="Per-task estimates, in input order (built on first access).")  # type: ignore[prop-decorator]
     @cached_property
     def per_task(self) -> list[TaskMetrics]:
-        """Per-task estimates, in input order (built on first access)."""
         if self._per_task_source is None:
             return []
-        ids, _pairs, inverse, tables = self._per_task_source
-        return [tables.task(t, j) for t, j in zip(ids, inverse.tolist())]
+        ids, inverse, tables = self._per_task_source
+        return [tables.task(t, j) for t, j in zip(ids, inverse)]
 
 
 class Interval(NamedTuple):

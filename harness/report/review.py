@@ -641,7 +641,8 @@ REVIEW_JS = r"""
     d.addEventListener('toggle', function () { if (d.open) fill(d); });
   });
   function openHash() {
-    var id = decodeURIComponent(location.hash.slice(1)), target = id && document.getElementById(id);
+    var id = ''; try { id = decodeURIComponent(location.hash.slice(1)); } catch (e) { id = ''; }
+    var target = id && document.getElementById(id);
     if (!target || !root.contains(target)) return;
     var d = target.closest('details.rattempt');
     if (!d) return;
