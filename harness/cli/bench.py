@@ -353,13 +353,23 @@ _EMPTY = ("[]", "[]", "[]", "{}", "{}", "{}", "{}", "{}", "{}", "{}", "[]", "{}"
 
 
 def _insert(con, rows) -> None:
-    """Bulk-insert minimal attempt rows (the columns the summary reads, defaults for the rest)."""
-    cols = ("run_id", "task_id", "slot", "attempt_no", "seed", "verdict", "outcome", *_JSON_COLS,
-            "cpuset", "image", "container", "artifacts", "concurrent", "terminated_cleanly", "timed_out", "wall_s")
+    """Bulk-insert minimal attempt rows (the columns the summary reads, defaults for the rest:
+    every other NOT NULL column of today's table gets an empty value of its kind)."""
+    from harness.model.attempt import AttemptRecord
+
+    cols = ["run_id", "task_id", "slot", "attempt_no", "seed", "verdict", "outcome", *_JSON_COLS,
+            "cpuset", "image", "container", "artifacts", "concurrent", "terminated_cleanly", "timed_out", "wall_s"]
+    fill = [*_EMPTY, "", "", "", "", 1, 1, 0, 0.0]
+    for _, name, _type, notnull, default, _pk in con.execute("pragma table_info(attempts)").fetchall():
+        if notnull and default is None and name not in cols and name not in ("id", "started_at", "finished_at"):
+            f = AttemptRecord.model_fields.get(name)
+            v = f.get_default(call_default_factory=True) if f is not None and not f.is_required() else ""
+            cols.append(name)
+            fill.append(json.dumps(v) if isinstance(v, (list, dict)) else v)
     marks = ",".join("?" * len(cols))
     con.executemany(
         f"insert into attempts ({', '.join(cols)}, started_at, finished_at) values ({marks}, datetime('now'), datetime('now'))",
-        [(*r, *_EMPTY, "", "", "", "", 1, 1, 0, 0.0) for r in rows],
+        [(*r, *fill) for r in rows],
     )
 
 
@@ -778,28 +788,38 @@ def main(argv: list[str] | None = None) -> None:
                     help="also rewrite the table between the bench markers of this README (make bench passes README.md)")
     args = ap.parse_args(argv)
     client = connect()
-    results = [
-        bench_overhead(client, args.rounds),
-        bench_sampling(client),
-        bench_controller_scale(client),
-        bench_throughput(client, args.trials),
-        bench_state_kinds(),
-        bench_task_builds(),
-        bench_estimator(),
-        bench_report_scale(),
-        bench_report_query(),
-        bench_gateway(client),
-        bench_ray(),
+    benches = [
+        lambda: bench_overhead(client, args.rounds),
+        lambda: bench_sampling(client),
+        lambda: bench_controller_scale(client),
+        lambda: bench_throughput(client, args.trials),
+        lambda: bench_state_kinds(),
+        lambda: bench_task_builds(),
+        lambda: bench_estimator(),
+        lambda: bench_report_scale(),
+        lambda: bench_report_query(),
+        lambda: bench_gateway(client),
+        lambda: bench_ray(),
     ]
+    results = []
+    for bench in benches:  # each printed as it ends; one that fails says so and the rest still run
+        try:
+            r = bench()
+        except Exception as ex:  # noqa: BLE001 - a bench's failure is a figure of its own
+            r = {"name": f"FAILED: {bench.__code__.co_names[0] if bench.__code__.co_names else 'bench'}",
+                 "error": f"{type(ex).__name__}: {str(ex)[:300]}"}
+        results.append(r)
+        if not args.json:
+            print(f"== {r['name']}", flush=True)
+            for k, v in r.items():
+                if k != "name":
+                    print(f"   {k:38} {v}", flush=True)
     if args.readme is not None:
         write_readme_table(args.readme, results)
     if args.json:
         print(json.dumps(results, indent=2))
-        return
-    for r in results:
-        print(f"== {r.pop('name')}")
-        for k, v in r.items():
-            print(f"   {k:38} {v}")
+    if any(r["name"].startswith("FAILED") for r in results):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
