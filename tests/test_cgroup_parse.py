@@ -503,6 +503,24 @@ def test_snapshot_reader_optional_file_appearing_later_stays_none(tmp_path):
     assert reader.read(0.0).memory_peak is None
 
 
+@pytest.mark.parametrize("tree", sorted(p.name for p in FX.iterdir() if p.is_dir()))
+def test_a_sample_reads_what_a_snapshot_reads(tree):
+    """The 5 Hz sample reads fewer files than a snapshot, never other values."""
+    reader = SnapshotReader(at(tree))
+    snap, s = reader.read(0.0), reader.sample()
+    assert s == (snap.cpu_usage_us, snap.throttled_us, snap.nr_throttled, snap.memory_current, snap.pids_current)
+
+
+def test_a_sample_of_a_vanished_cgroup_says_so(tmp_path):
+    root = _copy("v1_hybrid", tmp_path)
+    reader = SnapshotReader(locate(PID, root / "proc", root))
+    for d in (root / "sys/fs/cgroup").glob("cpu*"):
+        for usage in d.rglob("cpuacct.usage"):
+            usage.unlink()
+    with pytest.raises(CgroupError, match="vanished"):
+        reader.sample()
+
+
 # --------------------------------------------------------------------------- deltas
 
 

@@ -18,6 +18,7 @@ from harness.measure.cgroup import locate, read_snapshot
 from harness.model.counters import PSI, CounterDelta, HostDelta, HostSnapshot
 from harness.measure.host import (
     CpuTimes,
+    HostSampler,
     host_facts,
     mem_available,
     parse_cpuinfo_model,
@@ -187,3 +188,29 @@ def test_live_host_snapshot_and_facts():
     assert facts["logical_cpus"] == len(a.cpu_busy_us)
     assert facts["cgroup_version"] in ("1", "1 (hybrid)", "2")
     assert facts["psi"] == (a.psi_cpu is not None)
+
+
+@pytest.mark.parametrize("tree", ["host_a", "host_a_end", "host_old", "host_nopsi"])
+def test_the_sampler_reads_what_a_host_snapshot_reads(tree):
+    """The 5 Hz sample's lean host read (pinned CPUs, MemAvailable) equals the full parse."""
+    full = read_host_snapshot(0.0, proc_root=PROC / tree, clk_tck=100)
+    for cpus in ([0], [1, 3], sorted(full.cpu_busy_us), [0, 99]):
+        got = HostSampler(cpus, proc_root=PROC / tree, clk_tck=100)
+        assert got.busy_us() == {c: full.cpu_busy_us[c] for c in cpus if c in full.cpu_busy_us}
+        assert got.mem_available() == full.mem_available
+
+
+def test_the_sampler_on_the_live_host():
+    full = read_host_snapshot(0.0)
+    cpus = sorted(full.cpu_busy_us)
+    busy = HostSampler(cpus).busy_us()
+    assert busy.keys() == full.cpu_busy_us.keys()
+    assert all(0 <= busy[c] - full.cpu_busy_us[c] < 60_000_000 for c in cpus)  # later, never less
+
+
+def test_the_sampler_without_memavailable(tmp_path):
+    (tmp_path / "stat").write_text("cpu  1 0 0 0 0 0 0 0\ncpu0 1 0 0 0 0 0 0 0\nintr 0\n")
+    (tmp_path / "meminfo").write_text("MemTotal: 4 kB\nMemFree: 1 kB\nBuffers: 1 kB\nCached: 1 kB\n")
+    assert HostSampler([0], proc_root=tmp_path, clk_tck=100).mem_available() == 3 * 1024
+    with pytest.raises(FileNotFoundError):
+        HostSampler([0], proc_root=tmp_path / "none").busy_us()

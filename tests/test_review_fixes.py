@@ -28,6 +28,7 @@ from harness.engine.gc import collect
 from harness.engine.runner import HEARTBEAT_STALE_S, _refuse_live_owner
 from harness.engine.scheduler import CpuPool, LeaseCancelled, allowed_cpus, pin_process
 from harness.engine.suites import load_suite
+from harness.measure.cgroup import SampleCounters
 from harness.measure.monitor import Monitor
 from harness.model.attempt import AttemptRecord
 from harness.model.counters import CgroupSnapshot, HostSnapshot
@@ -156,11 +157,11 @@ def test_the_monitor_survives_a_read_error():
     calls = []
     snap = CgroupSnapshot(t=0.0, cpu_usage_us=0)
 
-    def flaky_reader_fake(t: float) -> CgroupSnapshot:  # a cgroup file that fails to read once
-        calls.append(t)
+    def flaky_reader_fake() -> SampleCounters:  # a cgroup file that fails to read once
+        calls.append(1)
         if len(calls) == 2:
             raise ValueError("garbled cgroup file")
-        return snap.model_copy(update={"t": t})
+        return SampleCounters(0, None, None, None, None)
 
     host = HostSnapshot(t=0.0, cpu_total_us={0: 0}, cpu_busy_us={0: 0}, steal_us=0, mem_available=1 << 30)
     mon = Monitor(flaky_reader_fake, [0], hz=50)

@@ -125,7 +125,7 @@ def _sampling(client, prof, cpuset, seconds: float, hz: float) -> dict:
         c0 = time.process_time()
         time.sleep(seconds)
         idle_cpu = time.process_time() - c0
-        mon = Monitor(lambda t: sb._reader.read(t, io=False), cpuset, hz)  # as measured_exec samples
+        mon = Monitor(sb._reader.sample, cpuset, hz)  # as measured_exec samples
         c0 = time.process_time()
         mon.start(time.monotonic(), host0, cg0)
         time.sleep(seconds)
@@ -176,7 +176,7 @@ def bench_controller_scale(client, levels: tuple[int, ...] = (8, 32, 64, 128), s
             mons = []
             try:
                 for sb in sandboxes:  # started before the window: what is measured is sampling alone
-                    m = Monitor(lambda t, sb=sb: sb._reader.read(t, io=False), shared, hz)
+                    m = Monitor(sb._reader.sample, shared, hz)
                     m.start(time.monotonic(), hoststats.read_host_snapshot(time.monotonic()), sb.snapshot())
                     mons.append(m)
                 base = sum(len(m.samples) for m in mons)

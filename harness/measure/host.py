@@ -25,6 +25,7 @@ from harness.model.units import one_line
 
 __all__ = [
     "busy_cores",
+    "HostSampler",
     "CpuTimes",
     "host_facts",
     "mem_available",
@@ -192,6 +193,45 @@ def read_host_snapshot(t: float, proc_root: str | os.PathLike = "/proc", clk_tck
         mem_available=mem_available(parse_meminfo(meminfo)),
         disk_bytes=_disk_bytes(proc_root) if disk else None,
     )
+
+
+class HostSampler:
+    """What one saturation sample keeps of the host: busy time of the pinned CPUs and
+    MemAvailable, from /proc/stat and /proc/meminfo only (no PSI, no other CPUs' lines, no
+    other meminfo keys), parsed as :func:`parse_proc_stat` and :func:`mem_available` do."""
+
+    def __init__(self, cpus: list[int], proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK):
+        self._prefixes = {f"cpu{c} ": c for c in cpus}
+        self._stat = os.path.join(str(proc_root), "stat")
+        self._meminfo = os.path.join(str(proc_root), "meminfo")
+        self._clk_tck = clk_tck
+
+    def busy_us(self) -> dict[int, int]:
+        """Busy microseconds (user + nice + system + irq + softirq) of each pinned CPU online."""
+        text = _read(self._stat)
+        if text is None:
+            raise FileNotFoundError(f"{self._stat} missing: not a mounted /proc")
+        out: dict[int, int] = {}
+        for line in text.splitlines():
+            if not line.startswith("cpu"):
+                break  # the per-CPU lines come first
+            c = self._prefixes.get(line[:line.find(" ") + 1])
+            if c is not None:
+                v = line.split()[1:8]
+                v += ["0"] * (7 - len(v))
+                out[c] = (int(v[0]) + int(v[1]) + int(v[2]) + int(v[5]) + int(v[6])) * 1_000_000 // self._clk_tck
+        return out
+
+    def mem_available(self) -> int:
+        text = _read(self._meminfo)
+        if text is None:
+            raise FileNotFoundError(f"{self._meminfo} missing: not a mounted /proc")
+        i = text.find("MemAvailable:")
+        if i < 0:  # before Linux 3.14
+            return mem_available(parse_meminfo(text))
+        end = text.find("\n", i)
+        parts = text[i + 13:end if end >= 0 else len(text)].split()
+        return int(parts[0]) * 1024 if len(parts) > 1 and parts[1] == "kB" else int(parts[0])
 
 
 def _disk_bytes(proc_root: str) -> int | None:

@@ -8,19 +8,24 @@ import threading
 import time
 from typing import Callable
 
-from harness.measure import host as hoststats
+from harness.measure.cgroup import SampleCounters
+from harness.measure.host import HostSampler
 from harness.model.counters import CgroupSnapshot, HostSnapshot, Sample
 
 
 class Monitor:
     """Samples the cgroup and host counters in a background thread (the saturation log).
 
-    Cheap by design: a handful of small file reads per sample, no Docker API calls. A sample
-    that cannot be read is counted in ``errors`` (with ``last_error``); sampling goes on."""
+    Cheap by design: five or six small file reads per sample (``reader`` is a
+    :meth:`SnapshotReader.sample`: only the counters a sample keeps; the host's pinned CPUs and
+    MemAvailable), no Docker API calls. A sample that cannot be read is counted in ``errors``
+    (with ``last_error``); sampling goes on."""
 
-    def __init__(self, reader: Callable[[float], CgroupSnapshot], pinned: list[int], hz: float):
+    def __init__(self, reader: Callable[[], SampleCounters], pinned: list[int], hz: float,
+                 host: HostSampler | None = None):
         self._reader = reader
         self._pinned = pinned
+        self._host = host or HostSampler(pinned)
         self._interval = 1.0 / hz
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="harness-monitor", daemon=True)
@@ -53,12 +58,14 @@ class Monitor:
 
     def _sample(self) -> None:
         t = time.monotonic()
-        cg = self._reader(t)  # an error here (the cgroup going away) is counted by _loop
-        host = hoststats.read_host_snapshot(t, disk=False)  # a sample keeps no disk bytes: the deltas read them
-        busy = sum(host.cpu_busy_us.get(c, 0) - self._host0.cpu_busy_us.get(c, 0) for c in self._pinned)
+        cg = self._reader()  # an error here (the cgroup going away) is counted by _loop
+        now, then = self._host.busy_us(), self._host0.cpu_busy_us
+        busy = sum(now.get(c, 0) - then.get(c, 0) for c in self._pinned)
         foreign = max(0, busy - (cg.cpu_usage_us - self._cg0.cpu_usage_us))
+        avail = self._host.mem_available()
+        # the values are this module's own ints (parsed from kernel files), so no validation
         self.samples.append(
-            Sample(
+            Sample.model_construct(
                 t=round(t - self.t0, 4),
                 cpu_usage_us=cg.cpu_usage_us,
                 throttled_us=cg.throttled_us,
@@ -66,11 +73,11 @@ class Monitor:
                 memory_current=cg.memory_current,
                 pids_current=cg.pids_current,
                 foreign_cpu_us=foreign,
-                host_mem_available=host.mem_available,
+                host_mem_available=avail,
             )
         )
-        if self.mem_available_min is None or host.mem_available < self.mem_available_min:
-            self.mem_available_min = host.mem_available
+        if self.mem_available_min is None or avail < self.mem_available_min:
+            self.mem_available_min = avail
         if cg.pids_current is not None and (self.pids_peak is None or cg.pids_current > self.pids_peak):
             self.pids_peak = cg.pids_current
 

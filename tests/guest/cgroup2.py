@@ -56,8 +56,10 @@ PACKAGES = [
     "systemd", "systemd-sysv", "udev", "dbus", "kmod", "linux-image-amd64", "initramfs-tools", "zstd",
     "docker.io", "python3", "python3-venv", "ca-certificates", "iproute2", "procps",
 ]
-# packages of the host venv the guest does not need (large; no guest test imports them)
-NOT_IN_GUEST = {"ray", "numpy", "scipy"}
+# packages of the host venv the guest does not need (large; no guest test imports them). Never
+# a runtime dependency of harness: requirements() refuses that (numpy once was, and every
+# guest `harness run` failed on its import).
+NOT_IN_GUEST = {"ray", "scipy"}
 RECIPE = "harness cgroup2 guest v1"
 CMDLINE = ("console=ttyS0,115200 root=LABEL=guestroot rw rootfstype=ext4 fsck.mode=skip "
            "systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all apparmor=0 psi=1 "
@@ -130,8 +132,20 @@ def kvm_usable() -> bool:
 # --------------------------------------------------------------------------- the guest image
 
 
+def runtime_dependencies() -> set[str]:
+    """The normalized names of pyproject's [project] dependencies (what `harness` imports)."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {re.split(r"[\s\[<>=!~;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
+
+
 def requirements() -> str:
     """The host venv's packages (pinned), minus what the guest does not need."""
+    needed = sorted(NOT_IN_GUEST & runtime_dependencies())
+    if needed:
+        raise GuestError(f"NOT_IN_GUEST leaves out {', '.join(needed)}, a runtime dependency of harness (pyproject.toml)")
     p = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, check=True)
     keep = [ln for ln in p.stdout.splitlines() if ln.strip() and not ln.startswith("#")
             and ln.split("==")[0].strip().lower() not in NOT_IN_GUEST]
