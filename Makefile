@@ -12,11 +12,12 @@ K ?=
 REQUIRE ?= pass^4>=0.9
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv engine engine-stop images suite-images browser compose postgres demo test test-fast test-cgroup2 lint bench schemas eval gate clean
+.PHONY: help setup venv engine engine-stop images suite-images browser compose postgres demo test test-fast test-ray test-cgroup2 lint bench schemas eval gate clean
 
 help:
 	@echo "make demo      set up (venv, engine, images) and run the refunds suite"
-	@echo "make test      set up and run the whole test suite (real containers)"
+	@echo "make test      set up and run the test suite (real containers), all but test-ray and test-cgroup2"
+	@echo "make test-ray  the Ray executor on multi-node clusters started on this machine (~2.5 min)"
 	@echo "make test-cgroup2   the cgroup v2 checks in a Debian guest under QEMU (root; ~18 min cold, ~9 cached, emulated)"
 	@echo "make bench     overhead and throughput ratios against baselines measured in the same run"
 	@echo "make eval SUITE=refunds [PROFILE=tight] [TRIALS=8] [K=1,2,4,8]   run a suite"
@@ -64,8 +65,15 @@ setup: images
 demo: setup
 	$(HARNESS) run --suite refunds
 
+# every test but the multi-node Ray cluster ones (test-ray) and the cgroup v2 guest
+# (test-cgroup2): slow targets of their own, each a step of .ci/run
 test: setup browser postgres lint
-	HARNESS_REQUIRE_DOCKER=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	HARNESS_REQUIRE_DOCKER=1 $(PY) -m pytest -q -m "not ray_cluster" $(PYTEST_ARGS)
+
+# Ray executor on real multi-node clusters started on this machine (node loss, a killed
+# worker or driver, a silent node): about 2.5 min
+test-ray: setup
+	HARNESS_REQUIRE_DOCKER=1 $(PY) -m pytest -q -m ray_cluster $(PYTEST_ARGS)
 
 test-fast: venv lint
 	$(PY) -m pytest -q -m "not docker" $(PYTEST_ARGS)

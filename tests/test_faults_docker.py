@@ -301,7 +301,11 @@ def test_a_transcript_over_its_cap_does_not_throw_away_the_state(docker_client, 
                 "--agent-cmd", f"python3 -c {shlex.quote(agent)}", "--db", f"sqlite:///{tmp_path}/h.db", "--json")
     assert r.returncode == 0, r.stderr
     run_id = json.loads(r.stdout)["run_id"]
-    (a,) = Store.open(f"sqlite:///{tmp_path}/h.db", mode="ro").attempts(run_id)
+    atts = Store.open(f"sqlite:///{tmp_path}/h.db", mode="ro").attempts(run_id)
+    # writing 70 MB may be discarded for host I/O pressure on a loaded machine and rerun: the clean one counts
+    clean = [a for a in atts if a.verdict == "clean"]
+    assert len(clean) == 1, [(a.verdict, a.reasons) for a in atts]
+    a = clean[0]
     assert a.outcome == "pass", (a.grade_reason, a.error)
     d = Path(a.artifacts)
     assert (d / "state.db").is_file()

@@ -28,7 +28,7 @@ from harness.sandbox.owners import LABEL_ATTEMPT, LABEL_OWNER, LABEL_RUN
 from harness.store.store import Store
 from tests.conftest import missing
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.ray_cluster]  # `make test-ray`
 
 TASKS = "already-refunded,duplicate-charge,partial-line-item"
 SLOW_AGENT = "sh -c 'sleep 2; exec refundbot'"  # the reference agent, 2 s later: time to kill something mid-attempt

@@ -390,5 +390,33 @@ def test_lean_read_gives_the_same_report_as_whole_records(db):
     assert [a.id for a in lean] == [a.id for a in full]
     assert all(a.rules == [] for a in lean if a.verdict == "clean")
     assert all(a.rules == b.rules and a.rules for a, b in zip(lean, full) if a.verdict != "clean")
-    assert lean[0].counters == {} and full[0].envelope == lean[0].envelope == {}
+    with pytest.raises(AttributeError, match="'counters': not read by this lean read"):
+        lean[0].counters  # a field not read is never passed off as a stored default
+    with pytest.raises(AttributeError):
+        lean[0].verdict = "clean"  # read-only
     assert build_report(run, lean).data() == build_report(run, full).data()
+
+
+def test_lean_read_of_a_database_older_than_a_field(db, tmp_path):
+    """A store made before a field existed (here: no model_calls, node columns) reads that
+    field as its default in the lean read too, like whole records, and reports the same."""
+    import sqlite3
+
+    from harness.report.build import build_report
+    from harness.store.store import REPORT_FIELDS
+
+    store, url = db
+    run = add_run(store, "rold", {"a": "✓✗✓", "b": "✓✓·"}, discards={"b": 2}, ks=(1, 2))
+    con = sqlite3.connect(f"{tmp_path}/h.db")
+    for col in ("model_calls", "node"):
+        con.execute(f"ALTER TABLE attempts DROP COLUMN {col}")
+    con.execute("UPDATE attempts SET reasons = 'null', upstream = 'null' WHERE verdict = 'discarded'")  # another writer's JSON null
+    con.commit()
+    con.close()
+    old = Store.open(url, mode="ro")
+    lean, full = old.attempts(run.id, REPORT_FIELDS), old.attempts(run.id)
+    assert all(a.model_calls == [] and a.node == {} and a.upstream == {} for a in lean)
+    assert all(a.reasons == [] for a in lean if a.verdict == "discarded")
+    assert build_report(run, lean).data() == build_report(run, full).data()
+    with pytest.raises(ValueError, match="not a column"):
+        old.attempts(run.id, ("task_id", "samples"))

@@ -29,7 +29,8 @@ def export(
     Spans: the run (its identity) > one per slot (task x trial) > one per
     attempt, discarded ones too (envelope asked and read back, cgroup and
     host counters, SLA rules, verdict, outcome; the grade as a
-    `gen_ai.evaluation.result` event) > its phases (setup, agent, grade) >
+    `gen_ai.evaluation.result` event) > its phases at their recorded times
+    (services, sandbox, setup, agent, export, grade, remove) >
     under the agent, one `chat {model}` span per model call the gateway
     recorded (GenAI attributes: provider, model, tokens, error.type). Times
     are the recorded ones and ids derive from the run, so this sends the

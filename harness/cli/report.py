@@ -141,11 +141,14 @@ def report(
         if problem:
             die(f"--k {k}: {problem}")
     report_ = build_report(row, attempts, k=k, prices=table, late=len(store.late_attempts(row.id)))
+    if fmt is ReportFormat.json:  # serialized by pydantic-core (the values of data(); small floats may print as 0.00008)
+        _emit(report_.model_dump_json(by_alias=True, indent=2), out)
+        if out is not None:
+            err.print(f"wrote {fmt.value} report of run {row.id} to {out}", highlight=False)
+        return
     data = report_.data()
     if fmt is ReportFormat.table:
         _print_rich(render_table(data), out)
-    elif fmt is ReportFormat.json:
-        _emit(json.dumps(data, indent=2, ensure_ascii=False), out)
     elif fmt is ReportFormat.markdown:
         _emit(render_markdown(data), out)
     elif fmt is ReportFormat.html:

@@ -60,15 +60,17 @@ def check_envelope(profile: Profile, cpuset: list[int], applied: CgroupLimits | 
 ENVELOPE_FACTS = ("cgroup_version", "kernel", "cpu_model", "engine_version", "cgroup_driver")
 
 
-def envelope_differences(facts: list[dict[str, Any]]) -> list[str]:
+def envelope_differences(facts: list[dict[str, Any]], counts: list[int] | None = None) -> list[str]:
     """Facts that differ between machines (attempts' or nodes' fact sets), one line each:
-    every value with how many of the sets have it (``cgroup_version: 1 (hybrid) (3), 2 (5)``)."""
+    every value with how many of the sets have it (``cgroup_version: 1 (hybrid) (3), 2 (5)``).
+    ``counts``: how many sets each of ``facts`` stands for (default one each)."""
     out = []
+    weights = counts if counts is not None else [1] * len(facts)
     for key in ENVELOPE_FACTS:
         seen: dict[str, int] = {}
-        for f in facts:
+        for f, w in zip(facts, weights):
             if key in f and f[key] not in ("", None):
-                seen[str(f[key])] = seen.get(str(f[key]), 0) + 1
+                seen[str(f[key])] = seen.get(str(f[key]), 0) + w
         if len(seen) > 1:
             out.append(f"{key}: " + ", ".join(f"{v} ({n})" for v, n in sorted(seen.items())))
     return out

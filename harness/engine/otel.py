@@ -9,16 +9,16 @@ place in the tree), names, times (from the records, never the export's clock) an
     run {suite}                                 created_at .. finished_at
       slot {task}                               per task x trial index: first attempt start .. last attempt end
         attempt                                 every attempt, discarded ones too: started_at .. finished_at
-          setup | agent | grade                 the phases whose duration the record keeps
+          services | sandbox | setup | agent | export | grade | remove | ...
+                                                every phase the record keeps, at its recorded time
             chat {model}                        (under agent) one per model call the gateway recorded
 
-The attempt record keeps each phase's *duration* (``setup_wall_s``, ``agent_wall_s``,
-``grade_wall_s``), not its start, so a phase span's length is the recorded one and its place
-is estimated (``harness.phase.start_estimated``): the phases are laid back to back, in
-pipeline order, ending at the attempt's end (what follows grading, the removal, is short;
-what precedes setup, services and sandbox start-up, is not timed separately), moved earlier
-when a recorded model call shows the agent already running. Model-call spans carry the
-gateway's own times.
+A record keeps its phases (``AttemptRecord.phases``: name, start after ``started_at``, length,
+timed by the controller). A record made before phases were kept has only the durations of
+setup, agent and grade: their spans have the recorded length and an estimated place
+(``harness.phase.start_estimated``): back to back, in pipeline order, ending at the attempt's
+end, moved earlier when a recorded model call shows the agent already running. Model-call
+spans carry the gateway's own times.
 
 Only the controller's own facts become attributes: identity, envelope (asked and read back),
 counters, SLA rules, verdict, outcome. Never a secret (the records hold names only), a
@@ -32,11 +32,12 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import hashlib
+import itertools
 import logging
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from harness.core.aggregate import slot_views
@@ -155,8 +156,20 @@ def _calls(a: AttemptRecord) -> list[dict[str, Any]]:
     return [c for c in (a.model_calls or []) if isinstance(c, dict) and isinstance(c.get("started"), (int, float))]
 
 
-def _phase_times(a: AttemptRecord, start: int, end: int) -> list[tuple[str, int, int]]:
-    """(name, start, end) of the recorded phases, placed as the module docstring says."""
+def _phase_times(a: AttemptRecord, start: int, end: int) -> list[tuple[str, int, int, bool]]:
+    """(name, start, end, estimated) of the attempt's phases, as the module docstring says."""
+    kept = [p for p in (a.phases or []) if isinstance(p, dict) and isinstance(p.get("name"), str)
+            and isinstance(p.get("start_s"), (int, float)) and isinstance(p.get("wall_s"), (int, float))]
+    if kept:
+        out = []
+        for p in kept:
+            s = min(end, start + round(max(0.0, p["start_s"]) * 1e9))
+            out.append((p["name"][:NAME_CAP], s, min(end, s + round(max(0.0, p["wall_s"]) * 1e9)), False))
+        return out
+    return [(n, s, e, True) for n, s, e in _estimated_phases(a, start, end)]
+
+
+def _estimated_phases(a: AttemptRecord, start: int, end: int) -> list[tuple[str, int, int]]:
     durs = [(n, round(max(0.0, d) * 1e9)) for n, d in zip(PHASES, (a.setup_wall_s, a.agent_wall_s, a.grade_wall_s)) if d is not None]
     if not durs:
         return []
@@ -313,10 +326,12 @@ def attempt_spans(a: AttemptRecord) -> list[SpanSpec]:
     specs: list[SpanSpec] = []
     agent_key = None
     grade_end = end
-    for name, s, e in phases:
-        pk = f"{key}/phase/{name}"
+    seen: dict[str, int] = {}
+    for name, s, e, estimated in phases:
+        seen[name] = seen.get(name, 0) + 1  # a phase twice (e.g. export before and after grading): its own key
+        pk = f"{key}/phase/{name}" + (f"/{seen[name]}" if seen[name] > 1 else "")
         at: dict[str, Any] = {"harness.phase": name, "harness.phase.duration_s": round((e - s) / 1e9, 6),
-                              "harness.phase.start_estimated": True}
+                              "harness.phase.start_estimated": estimated}
         err = None
         if name == "agent":
             agent_key = pk
@@ -332,7 +347,7 @@ def attempt_spans(a: AttemptRecord) -> list[SpanSpec]:
     ev = _evaluation(a, grade_end)
     specs.insert(0, SpanSpec(key, "attempt", slot_key(a.task_id, a.slot), start, end, _attempt_attributes(a),
                              events=(ev,) if ev else (), error=_status_of(a)))
-    agent_end = next((e for n, _, e in phases if n == "agent"), end)
+    agent_end = next((e for n, _, e, _ in phases if n == "agent"), end)
     for i, c in enumerate(_calls(a)):
         specs.append(_call_span(a, i, c, agent_key or key, agent_end))
     return specs
@@ -413,13 +428,18 @@ def run_span(run: RunRecord, attempts: Iterable[AttemptRecord]) -> SpanSpec:
     return SpanSpec("run", f"run {run.suite}", None, start, max(start, end, *ends), run_attributes(run), error=err)
 
 
-def run_tree(run: RunRecord, attempts: list[AttemptRecord]) -> list[SpanSpec]:
-    """Every span of a run: the run, its slots, every attempt with its phases and calls."""
+def iter_tree(run: RunRecord, attempts: list[AttemptRecord]) -> Iterator[SpanSpec]:
+    """Every span of a run: the run, its slots, then each attempt's spans as they are made."""
     atts = [a for a in attempts if a.run_id == run.id]
-    specs = [run_span(run, atts), *slot_spans(run, atts)]
+    yield run_span(run, atts)
+    yield from slot_spans(run, atts)
     for a in sorted(atts, key=lambda a: (a.task_id, a.slot, a.attempt_no)):
-        specs += attempt_spans(a)
-    return specs
+        yield from attempt_spans(a)
+
+
+def run_tree(run: RunRecord, attempts: list[AttemptRecord]) -> list[SpanSpec]:
+    """:func:`iter_tree` as a list."""
+    return list(iter_tree(run, attempts))
 
 
 # -- the command line's inputs ---------------------------------------------------------
@@ -576,35 +596,57 @@ def _exporter(endpoint: str, headers: dict[str, str]) -> Any:
 
 
 def export_run(run: RunRecord, attempts: list[AttemptRecord], endpoint: str, headers: dict[str, str] | None = None) -> int:
-    """Send every span of a stored run to ``endpoint`` (a traces URL); the number sent. All
-    are sent when it returns; a collector that does not take them is an InfraError (exit 3)."""
+    """Send every span of a stored run to ``endpoint`` (a traces URL); the number sent. Spans
+    go out in batches of BATCH as they are made (a run of 10^5 attempts is never held as SDK
+    spans at once); all are sent when it returns; a collector that does not take a batch is
+    an InfraError (exit 3) saying how many were sent before."""
     require_otel()
     from opentelemetry.sdk.trace import SpanProcessor
-
-    class _Collect(SpanProcessor):
-        def __init__(self) -> None:
-            self.spans: list[Any] = []
-
-        def on_end(self, span: Any) -> None:
-            self.spans.append(span)
+    from opentelemetry.sdk.trace.export import SpanExportResult
 
     reasons = _quiet_sdk()
-    collect = _Collect()
-    emitter = _Emitter(run, collect)
-    emitter.emit(run_tree(run, attempts))
     exporter = _exporter(endpoint, headers or {})
-    try:
-        from opentelemetry.sdk.trace.export import SpanExportResult
 
-        for i in range(0, len(collect.spans), BATCH):
-            if exporter.export(collect.spans[i:i + BATCH]) is not SpanExportResult.SUCCESS:
-                sent = f"; {i} of {len(collect.spans)} spans were sent before" if i else ""
-                raise InfraError(f"the OTLP collector at {shown_url(endpoint)} did not take the spans of run {run.id} "
-                                 f"({reasons.reason()}){sent}; is it running and is that its OTLP/HTTP port (4318)?")
+    class _Batches(SpanProcessor):
+        """Exports synchronously, like the SDK's SimpleSpanProcessor, BATCH spans at a time; a
+        failed export is kept (a processor must not raise) and stops the export."""
+
+        def __init__(self) -> None:
+            self.batch: list[Any] = []
+            self.sent = 0
+            self.failed = False
+
+        def on_end(self, span: Any) -> None:
+            self.batch.append(span)
+            if len(self.batch) >= BATCH:
+                self.flush()
+
+        def flush(self) -> None:
+            if self.batch and not self.failed:
+                if exporter.export(self.batch) is SpanExportResult.SUCCESS:
+                    self.sent += len(self.batch)
+                else:
+                    self.failed = True
+            self.batch = []
+
+    batches = _Batches()
+    emitter = _Emitter(run, batches)
+    specs = iter_tree(run, attempts)
+    try:
+        while not batches.failed:
+            chunk = list(itertools.islice(specs, BATCH))
+            if not chunk:
+                break
+            emitter.emit(chunk)
+        batches.flush()
+        if batches.failed:
+            before = f"; {batches.sent} spans were sent before" if batches.sent else ""
+            raise InfraError(f"the OTLP collector at {shown_url(endpoint)} did not take the spans of run {run.id} "
+                             f"({reasons.reason()}){before}; is it running and is that its OTLP/HTTP port (4318)?")
     finally:
         exporter.shutdown()
         emitter.provider.shutdown()
-    return len(collect.spans)
+    return batches.sent
 
 
 class OtelSink(EventSink):

@@ -183,7 +183,9 @@ class _Attempt:
 
     def _phase(self, name: str, t0: float) -> None:
         j = self.job
-        self.p.events.phase(j.run.id, j.task.id, j.slot, j.attempt_no, name, t0, time.monotonic())
+        t1 = time.monotonic()
+        self.d.f.setdefault("phases", []).append({"name": name, "start_s": round(t0 - self.t_start, 4), "wall_s": round(t1 - t0, 4)})
+        self.p.events.phase(j.run.id, j.task.id, j.slot, j.attempt_no, name, t0, t1)
 
     def _labels(self) -> dict[str, str]:
         j = self.job
@@ -710,7 +712,7 @@ class _Attempt:
             return AttemptRecord(**f)
         except Exception as e:  # never lose the attempt because the record could not be made
             keep = {k: f[k] for k in ("run_id", "task_id", "slot", "attempt_no", "seed", "cpuset", "container", "image",
-                                      "started_at", "finished_at", "artifacts", "wall_s", "node") if k in f}
+                                      "started_at", "finished_at", "artifacts", "wall_s", "node", "phases") if k in f}
             return AttemptRecord(**keep, verdict="discarded", reasons=["infra_error"],
                                  error=f"{f.get('error') or ''}; the record could not be made: {type(e).__name__}: {str(e)[:300]}")
 

@@ -220,6 +220,8 @@ class HostSampler:
                 v = line.split()[1:8]
                 v += ["0"] * (7 - len(v))
                 out[c] = (int(v[0]) + int(v[1]) + int(v[2]) + int(v[5]) + int(v[6])) * 1_000_000 // self._clk_tck
+        if not out and "\ncpu" not in text:  # as parse_proc_stat: no per-CPU line at all is a bad read, not idle CPUs
+            raise ValueError("no per-CPU 'cpuN' lines in /proc/stat text")
         return out
 
     def mem_available(self) -> int:

@@ -106,6 +106,10 @@ class AttemptRecord(BaseModel):
     node: dict[str, Any] = Field(default_factory=dict, description=(
         "The machine the attempt ran on (executor, node id, hostname, kernel, cgroup version, CPU model, engine version, "
         "image id and inputs hash), read there."))
+    phases: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "The attempt's phases as the controller timed them, in order: name (gateway, services, sandbox, setup, agent, "
+        "stop, export, grade, verifier-sandbox, remove), start_s (seconds after started_at, the controller's monotonic "
+        "clock) and wall_s. Empty in records made before phases were kept."))
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     samples: list[Sample] = Field(default_factory=list, exclude=True, description="The saturation log (stored in its own table).")

@@ -227,12 +227,12 @@ def build_report(
         fk = {kind: 0 for kind in FAILURE_KINDS}
         for kind, cnt in t.failure_kinds.items():
             fk[kind] = fk.get(kind, 0) + cnt
-        task_attempts = sum(len(s.discarded) + (s.clean is not None) for s in slots)
         n_disc = sum(len(s.discarded) for s in slots)
-        reasons: Counter[str] = Counter(r for s in slots for a in s.discarded for r in (a.reasons or ["unknown"]))
+        task_attempts = n_disc + sum(s.clean is not None for s in slots)
+        reasons: Counter[str] = Counter(r for s in slots for a in s.discarded for r in (a.reasons or ["unknown"])) if n_disc else Counter()
         discard_counts[t.task_id] = (n_disc, task_attempts)
         t_unmeasured = []
-        for s in slots:
+        for s in slots if n_disc else ():  # a slot without a discarded attempt is never unmeasured
             if s.status != "unmeasured":
                 continue
             last = max(s.discarded, key=lambda a: (a.attempt_no, a.id or 0))
@@ -454,16 +454,29 @@ def build_report(
 def node_summary(attempts: Sequence[AttemptRecord], executor: str) -> dict[str, Any] | None:
     """Where the attempts ran, per machine, and what differs between the machines of the
     scored ones (None when no record carries node facts)."""
-    with_node = [a for a in attempts if a.node]
-    if not with_node:
+    # grouped by the facts object first: a lean read shares one decoded dict per distinct value
+    groups: dict[int, list[Any]] = {}  # id(node) -> [node, attempts, clean]
+    for a in attempts:
+        node = a.node
+        if not node:
+            continue
+        g = groups.get(id(node))
+        if g is None:
+            g = groups[id(node)] = [node, 0, 0]
+        g[1] += 1
+        if a.verdict == "clean":
+            g[2] += 1
+    if not groups:
         return None
     rows: dict[str, dict[str, Any]] = {}
-    for a in with_node:
-        r = rows.setdefault(node_name(a.node), {"node": node_name(a.node), "attempts": 0, "clean": 0, "discarded": 0,
-                                                "facts": {k: a.node.get(k) for k in ENVELOPE_FACTS if a.node.get(k) not in (None, "")}})
-        r["attempts"] += 1
-        r["clean" if a.verdict == "clean" else "discarded"] += 1
-    differ = envelope_differences([a.node for a in with_node if a.verdict == "clean"])
+    for node, n, clean in groups.values():
+        name = node_name(node)
+        r = rows.setdefault(name, {"node": name, "attempts": 0, "clean": 0, "discarded": 0,
+                                   "facts": {k: node.get(k) for k in ENVELOPE_FACTS if node.get(k) not in (None, "")}})
+        r["attempts"] += n
+        r["clean"] += clean
+        r["discarded"] += n - clean
+    differ = envelope_differences([node for node, _, clean in groups.values() if clean], [clean for _, _, clean in groups.values() if clean])
     return {"executor": executor, "nodes": sorted(rows.values(), key=lambda r: r["node"]), "differ": differ}
 
 

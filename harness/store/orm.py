@@ -128,6 +128,7 @@ class AttemptRow(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     artifacts: Mapped[str] = mapped_column(Text, default="")
     node: Mapped[dict] = mapped_column(JSON, default=dict)
+    phases: Mapped[list] = mapped_column(JSON, default=list)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 

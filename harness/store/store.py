@@ -14,7 +14,9 @@ read-only, and only the columns the database has are selected.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
+import functools
 import json
 import os
 from pathlib import Path
@@ -37,9 +39,8 @@ SCHEMA_VERSION = 2
 Mode = Literal["rw", "ro"]
 # what a report (table, json, markdown, junit, gate) reads of each attempt; the HTML page's
 # figures and failure review read whole records
-REPORT_FIELDS = ("run_id", "task_id", "slot", "attempt_no", "seed", "verdict", "reasons", "rules", "outcome", "failure_kind",
-                 "grade_status", "grade_reason", "error", "wall_s", "agent_wall_s", "upstream", "model_calls", "node",
-                 "exit_code", "timed_out", "terminated_cleanly")
+REPORT_FIELDS = ("task_id", "slot", "attempt_no", "verdict", "reasons", "rules", "outcome", "failure_kind",
+                 "grade_reason", "error", "wall_s", "agent_wall_s", "upstream", "model_calls", "node")
 _SAMPLE_COLS = ("t", "cpu_usage_us", "throttled_us", "nr_throttled", "memory_current", "pids_current", "foreign_cpu_us", "host_mem_available")
 
 
@@ -175,11 +176,15 @@ class Store:
         have = self._columns(row.__tablename__)
         return select(*[c for c in row.__table__.columns if c.name in have])
 
-    def _read(self, stmt: Any) -> list[dict[str, Any]]:
-        """Rows as dicts. A failure is a usage error for a reader (wrong --db) and the store
-        failing under a run for a writer (exit 3)."""
+    def _read(self, stmt: Any, tuples: bool = False) -> list[Any]:
+        """Rows as dicts (``tuples``: as tuples, in the statement's column order). A failure is
+        a usage error for a reader (wrong --db) and the store failing under a run for a writer
+        (exit 3)."""
         err = StoreLost if self.mode == "rw" else StoreError
         try:
+            if tuples:  # Core, not the ORM session: no ORM loading step per row
+                with self.engine.connect() as c:
+                    return c.execute(stmt).all()
             with self.session() as s:
                 return [dict(m) for m in s.execute(stmt).mappings()]
         except OperationalError as e:
@@ -313,49 +318,60 @@ class Store:
     def runs_with_status(self, status: str) -> list[RunRecord]:
         return self._run_records(self._select(RunRow).where(RunRow.status == status).order_by(RunRow.created_at))
 
-    def attempts(self, run_id: str, fields: Iterable[str] | None = None) -> list[AttemptRecord]:
-        """Every attempt of a run, in insertion order. ``fields`` (e.g. :data:`REPORT_FIELDS`)
-        reads only those columns -- the rest of each record keeps its defaults -- and decodes
-        each distinct JSON value once (a run's attempts share their node facts, empty lists and
-        so on); ``rules`` is then read for discarded attempts only (what a clean one passed is
-        not evidence a report shows). A 10^5-attempt run loads in a fraction of the full read."""
+    def attempts(self, run_id: str, fields: Iterable[str] | None = None) -> list[Any]:
+        """Every attempt of a run, in insertion order, as :class:`AttemptRecord`.
+
+        ``fields`` (e.g. :data:`REPORT_FIELDS`): a lean read for reports of large runs. Only
+        those columns are read, each distinct JSON value is decoded once (a run's attempts
+        share their node facts, empty lists and so on), and ``rules`` is read for discarded
+        attempts only (what a clean one passed is not evidence a report shows). The records
+        are read-only tuples with AttemptRecord's attribute names (:func:`lean_type`); a field
+        not read is an AttributeError, never a default."""
         if fields is None:
             rows = self._read(self._select(AttemptRow).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id))
             return [_attempt_record(r) for r in rows]
         return self._lean_attempts(run_id, list(fields))
 
-    def _lean_attempts(self, run_id: str, fields: list[str]) -> list[AttemptRecord]:
+    def _lean_attempts(self, run_id: str, fields: list[str]) -> list[Any]:
         have = self._columns(AttemptRow.__tablename__)
         table = AttemptRow.__table__
-        cols, decoded = [], []
+        cols, names, decoded, absent = [], [], [], []
         for name in dict.fromkeys(["id", *fields]):
-            if name not in have or name not in table.c:
+            if name not in table.c:
+                raise ValueError(f"not a column of the attempts table: {name}")
+            if name not in have:  # a database older than the field: its default, as whole records get
+                absent.append((name, AttemptRecord.model_fields[name].get_default(call_default_factory=True)))
                 continue
             c = table.c[name]
             if isinstance(c.type, JSON):
-                decoded.append(name)
+                decoded.append((len(names), [] if name in _LISTS else {} if name in _DICTS else None))
                 raw = cast(c, Text)  # text on every backend (psycopg would decode json itself)
                 if name == "rules":
                     raw = case((AttemptRow.verdict == "clean", literal("[]")), else_=raw)
                 cols.append(raw.label(name))
             else:
                 cols.append(c)
-        rows = self._read(select(*cols).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id))
+            names.append(name)
+        rows = self._read(select(*cols).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id), tuples=True)
+        make = lean_type(tuple(names + [n for n, _ in absent]))._make
+        tail = [v for _, v in absent]
+        if not decoded:
+            return [make([*r, *tail]) for r in rows]
         memo: dict[str, Any] = {}
-        # every field given, so model_construct computes no default per record (the unread
-        # fields' empty lists and dicts are shared: records are read-only)
-        template = {k: f.get_default(call_default_factory=True) for k, f in AttemptRecord.model_fields.items() if not f.is_required()}
         out = []
         for r in rows:
-            for k in decoded:
-                v = r[k]
+            r = [*r, *tail]
+            for i, empty in decoded:
+                v = r[i]
                 if v is None:
-                    r[k] = None
+                    r[i] = empty
                 elif v in memo:
-                    r[k] = memo[v]
+                    r[i] = memo[v]
                 else:
-                    r[k] = memo[v] = json.loads(v)
-            out.append(_attempt_record({**template, **r}))
+                    r[i] = memo[v] = json.loads(v)
+                if r[i] is None:  # JSON null: what whole records make of it
+                    r[i] = empty
+            out.append(make(r))
         return out
 
     def get_attempt(self, attempt_id: int) -> AttemptRecord:
@@ -392,9 +408,27 @@ class Store:
         return {i: (na.get(i, 0), ns.get(i, 0)) for i in ids}
 
 
-_LISTS = ("reasons", "rules", "grade_checks", "envelope_notes", "model_calls", "egress")
+_LISTS = ("reasons", "rules", "grade_checks", "envelope_notes", "model_calls", "egress", "phases")
 _DICTS = ("state_diff", "envelope", "envelope_applied", "counters", "host_counters", "grade_envelope", "rewards",
           "requested_envelope", "services", "upstream", "egress_summary")
+
+
+@functools.lru_cache(maxsize=16)
+def lean_type(fields: tuple[str, ...]) -> type:
+    """A read-only record of an attempt holding only ``fields`` (AttemptRecord's names): a
+    named tuple. Reading any other attribute is an AttributeError that names the field, never
+    a default that would pass for a stored value: whoever reads it must add it to the fields."""
+    unknown = [f for f in fields if f not in AttemptRecord.model_fields]
+    if unknown:
+        raise ValueError(f"not fields of an attempt record: {', '.join(unknown)}")
+
+    def __getattr__(self: Any, name: str) -> Any:
+        where = "not read by this lean read (add it to the fields read)" if name in AttemptRecord.model_fields else "not a field"
+        raise AttributeError(f"attempt record field {name!r}: {where}")
+
+    base = collections.namedtuple("LeanAttempt", fields)  # type: ignore[misc]
+    return type("LeanAttempt", (base,), {"__slots__": (), "__getattr__": __getattr__,
+                                         "__doc__": f"An attempt's {', '.join(fields)} (read-only)."})
 
 
 def _attempt_record(row: dict[str, Any]) -> AttemptRecord:
