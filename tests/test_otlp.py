@@ -308,6 +308,11 @@ def test_bad_headers_and_unknown_runs_are_usage_errors(otel_run):
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "no such run" in res.stderr
     res = run_cli(tmp, "run", "--suite", PROBE, "--otlp-header", "a=b")
     assert res.returncode == 2 and "--otlp-header goes with --otlp" in res.stderr
+    res = run_cli(tmp, "export", "last", "--otlp", "http://SECRETUSER:SECRETPW@127.0.0.1:1/?k=SECRETQ")
+    assert res.returncode == 3 and "SECRET" not in res.stderr and "***@127.0.0.1:1" in res.stderr, res.stderr
+    for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):  # the SDK would drop it in silence
+        res = run_cli(tmp, "export", "last", "--otlp", "http://127.0.0.1:1", env={var: "x-team=evals,garbageSECRETVALUE123"})
+        assert res.returncode == 2 and f"${var}" in res.stderr and "SECRETVALUE" not in res.stderr, res.stderr
 
 
 def test_without_the_extra_otlp_names_the_install_and_harness_imports_no_opentelemetry(tmp_path):

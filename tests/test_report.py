@@ -420,3 +420,11 @@ def test_lean_read_of_a_database_older_than_a_field(db, tmp_path):
     assert build_report(run, lean).data() == build_report(run, full).data()
     with pytest.raises(ValueError, match="not a column"):
         old.attempts(run.id, ("task_id", "samples"))
+
+
+def test_rule_values_print_in_their_unit():
+    """controller_stall is in seconds (it printed as '500.0%' for a 5 s threshold)."""
+    from harness.report.views import rule_value
+
+    assert rule_value("controller_stall", 5.0) == "5.0 s" and rule_value("controller_stall", 0.2) == "0.2 s"
+    assert rule_value("host_steal", 0.05) == "5.0%" and rule_value("host_memory_low", 256 * 2**20).startswith("256")

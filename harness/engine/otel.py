@@ -34,6 +34,7 @@ import datetime as dt
 import hashlib
 import itertools
 import logging
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -383,15 +384,15 @@ def slot_spans(run: RunRecord, attempts: Iterable[AttemptRecord]) -> list[SpanSp
 
 
 def shown_url(url: str) -> str:
-    """A URL without its password and query (they may hold a credential)."""
+    """A URL as an error line may show it: user info (a token is often put there) and query
+    replaced, control characters out, capped at 200 characters."""
     try:
         u = urlsplit(url)
         host = u.hostname or ""
         if ":" in host:
             host = f"[{host}]"
-        netloc = (f"{u.username}:***@" if u.password else f"{u.username}@" if u.username else "") + host + \
-            (f":{u.port}" if u.port is not None else "")
-        return urlunsplit((u.scheme, netloc, u.path, "…" if u.query else "", ""))
+        netloc = ("***@" if u.username or u.password else "") + host + (f":{u.port}" if u.port is not None else "")
+        return _text(urlunsplit((u.scheme, netloc, u.path, "…" if u.query else "", "")), 200)
     except ValueError:
         return _text(re.sub(r"//[^/]*@", "//***@", url.split("?", 1)[0]), 200)
 
@@ -479,6 +480,13 @@ def parse_headers(items: list[str]) -> dict[str, str]:
         if "\r" in value or "\n" in value:
             raise UsageError(f"--otlp-header {key}=...: the value has a line break")
         out[key.lower()] = value
+    for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
+        # the SDK drops a malformed entry in silence (an auth header would vanish): refused here
+        for item in filter(None, (x.strip() for x in os.environ.get(var, "").split(","))):
+            key, sep, _ = item.partition("=")
+            if not sep or not _TOKEN.match(key.strip()):
+                raise UsageError(f"${var}: expected KEY=VALUE[,KEY=VALUE...], e.g. 'authorization=Bearer%20...' "
+                                 "(an entry is not; the value is not shown)")
     return out
 
 
@@ -510,8 +518,8 @@ class _Reasons(logging.Handler):
     def reason(self) -> str:
         text = " ".join(self.lines)
         m = re.search(r"code: (\d+), reason: ([^\n]{0,60})", text)
-        if m:
-            return f"HTTP {m.group(1)} {m.group(2).strip()}"
+        if m:  # the collector's reason phrase: its text, never its control characters
+            return _text(f"HTTP {m.group(1)} {m.group(2).strip()}", 80)
         for needle, why in (("Connection refused", "connection refused"), ("timed out", "timed out"),
                             ("Name or service not known", "host name not resolved"), ("Failed to resolve", "host name not resolved"),
                             ("No route to host", "no route to host"), ("SSL", "TLS error"), ("Connection reset", "connection reset")):

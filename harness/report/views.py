@@ -408,6 +408,7 @@ _RULE_FMT = {
     "memory_pressure": "count",
     "envelope_not_applied": "count",
     "infra_error": "count",
+    "controller_stall": "seconds",
     **{r: "count" for r in ("upstream_rate_limited", "upstream_server_error", "upstream_timeout", "upstream_unreachable",
                             "upstream_auth", "upstream_client_error")},
 }
@@ -422,6 +423,8 @@ def rule_value(rule: str, v: Any) -> str:
         return format_size(v)
     if kind == "count":
         return f"{v:g}" if isinstance(v, float) else str(v)
+    if kind == "seconds":
+        return f"{v:.1f} s"
     return pct(v)
 
 
