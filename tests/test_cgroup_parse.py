@@ -613,3 +613,17 @@ def test_live_docker_container_limits_read_back(docker_client):
         assert snap.cpu_usage_us > 0 and snap.pids_current == 1
     finally:
         subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+
+def test_a_sample_skips_a_malformed_throttling_value_and_refuses_a_malformed_usage(tmp_path):
+    """As a snapshot skips a malformed cpu.stat line; a usage that is not a number is a lost
+    sample (CgroupError, counted by the monitor), never a ValueError out of the sampler."""
+    root = _copy("v2_systemd", tmp_path)
+    d = root / f"sys/fs/cgroup/system.slice/docker-{SD_ID}.scope"
+    (d / "cpu.stat").write_text("usage_usec 77\nnr_throttled x\nthrottled_usec 1.5\n")
+    reader = SnapshotReader(locate(PID, root / "proc", root))
+    s = reader.sample()
+    assert (s.cpu_usage_us, s.nr_throttled, s.throttled_us) == (77, None, None)
+    (d / "cpu.stat").write_text("usage_usec 7x7\n")
+    with pytest.raises(CgroupError, match="no usage_usec line with a number"):
+        reader.sample()

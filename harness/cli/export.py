@@ -52,7 +52,7 @@ def export(
     from harness.store.store import Store
 
     endpoint = otel.traces_url(otlp)
-    headers = otel.parse_headers(otlp_header)
+    headers = otel.parse_headers(otlp_header, endpoint)
     otel.require_otel()
     store = Store.open(db, mode="ro")
     row = store.get_run(run)

@@ -133,6 +133,8 @@ def report(
     from harness.report.render import render_html, render_junit, render_markdown, render_table
 
     _check_out(out)
+    if fmt is ReportFormat.html and out is None and sys.stdout.isatty():  # a 2 MB page is not for a terminal
+        die("--format html writes a self-contained page of a few MB: give --out report.html (or pipe it: > report.html)")
     table = load_prices(prices)
     store = _store(db)
     row, attempts = _load(store, run, lean=fmt is not ReportFormat.html)

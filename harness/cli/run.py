@@ -117,7 +117,8 @@ def run(
     if otlp is not None:  # checked before anything is stored, too
         from harness.engine.otel import parse_headers, require_otel, traces_url
 
-        otlp_url, otlp_headers = traces_url(otlp), parse_headers(otlp_header)
+        otlp_url = traces_url(otlp)
+        otlp_headers = parse_headers(otlp_header, otlp_url)
         require_otel()
     elif otlp_header:
         die("--otlp-header goes with --otlp ENDPOINT")

@@ -467,9 +467,13 @@ def traces_url(text: str) -> str:
     return urlunsplit((u.scheme, u.netloc, path, u.query, ""))
 
 
-def parse_headers(items: list[str]) -> dict[str, str]:
-    """``--otlp-header KEY=VALUE`` (repeatable) as a dict. Errors name the key, never the value."""
+def parse_headers(items: list[str], url: str | None = None) -> dict[str, str]:
+    """``--otlp-header KEY=VALUE`` (repeatable) as a dict. Errors name the key, never the value.
+
+    With ``url`` (the ``--otlp`` URL): a URL carrying user info beside an authorization header
+    is refused -- the HTTP client would send the URL's Basic credentials instead of the header."""
     out: dict[str, str] = {}
+    env_keys: set[str] = set()
     for item in items or []:
         key, sep, value = item.partition("=")
         key = key.strip()
@@ -487,6 +491,16 @@ def parse_headers(items: list[str]) -> dict[str, str]:
             if not sep or not _TOKEN.match(key.strip()):
                 raise UsageError(f"${var}: expected KEY=VALUE[,KEY=VALUE...], e.g. 'authorization=Bearer%20...' "
                                  "(an entry is not; the value is not shown)")
+            env_keys.add(key.strip().lower())
+    if url is not None and "authorization" in {*out, *env_keys}:
+        try:
+            u = urlsplit(url)
+            userinfo = u.username is not None or u.password is not None
+        except ValueError:
+            userinfo = False
+        if userinfo:
+            raise UsageError(f"--otlp {shown_url(url)!r} carries credentials (user info) and an authorization header is "
+                             "also given: the URL's would be sent instead; give one of them")
     return out
 
 

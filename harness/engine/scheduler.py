@@ -294,7 +294,8 @@ class CpuPool:
                 continue
             finally:
                 os.close(fd)
-            out[c] = describe_holder(text)
+            if text.strip():  # empty: a controller probing or releasing it this instant, named on the next look
+                out[c] = describe_holder(text)
         return out
 
     def _mark(self, core: int, fd: int) -> None:
@@ -304,8 +305,9 @@ class CpuPool:
             prev = (os.pread(fd, 512, 0).decode("utf-8", "replace").strip().splitlines() or [""])[0].strip()
             if prev:
                 self._stale[core] = prev
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{controller_id()}\n{('run ' + self.note) if self.note else ''}\n".encode(), 0)
+            text = f"{controller_id()}\n{('run ' + self.note) if self.note else ''}\n".encode()
+            os.pwrite(fd, text, 0)  # written, then cut to length: a reader never sees it empty while held
+            os.ftruncate(fd, len(text))
         except OSError:
             pass  # a read-only lock file: no holder names, the start-up sweep still runs
 

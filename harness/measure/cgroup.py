@@ -684,30 +684,43 @@ class SnapshotReader:
             if text is None:
                 raise self._gone()
             usage = thr_us = nr_thr = None
-            for line in text.splitlines():
+            for line in text.splitlines():  # a malformed value is skipped, as read() skips it
                 k, _, v = line.partition(" ")
                 if k == "usage_usec":
-                    usage = int(v)
+                    usage = _int(v)
                 elif k == "throttled_usec":
-                    thr_us = int(v)
+                    thr_us = _int(v)
                 elif k == "nr_throttled":
-                    nr_thr = int(v)
+                    nr_thr = _int(v)
             if usage is None:
-                raise CgroupError(f"{self._usage} has no usage_usec line")
-            return SampleCounters(usage, thr_us, nr_thr, _opt_int(_read(self._mem_current)), _opt_int(_read(self._pids_current)))
+                raise CgroupError(f"{self._usage} has no usage_usec line with a number")
+            return SampleCounters(usage, thr_us, nr_thr, _int(_read(self._mem_current)), _int(_read(self._pids_current)))
         text = _read(self._usage)
         if text is None:
             raise self._gone()
+        usage_ns = _int(text)
+        if usage_ns is None:
+            raise CgroupError(f"{self._usage} does not hold a number")
         thr_ns = nr_thr = None
         cs = _read(self._cpu_stat)
         for line in (cs or "").splitlines():
             k, _, v = line.partition(" ")
             if k == "throttled_time":
-                thr_ns = int(v)
+                thr_ns = _int(v)
             elif k == "nr_throttled":
-                nr_thr = int(v)
-        return SampleCounters(int(text) // 1000, thr_ns // 1000 if thr_ns is not None else None, nr_thr,
-                              _opt_int(_read(self._mem_current)), _opt_int(_read(self._pids_current)))
+                nr_thr = _int(v)
+        return SampleCounters(usage_ns // 1000, thr_ns // 1000 if thr_ns is not None else None, nr_thr,
+                              _int(_read(self._mem_current)), _int(_read(self._pids_current)))
+
+
+def _int(text: str | None) -> int | None:
+    """A counter file's (or line's) number; None when absent or not a number."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 class SampleCounters(NamedTuple):

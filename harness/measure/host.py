@@ -60,6 +60,12 @@ def _read(path: str) -> str | None:
         os.close(fd)
 
 
+def _busy_us(v: list[int], clk_tck: int) -> int:
+    """Busy microseconds of one /proc/stat CPU line's columns (user nice system idle iowait
+    irq softirq ...): user + nice + system + irq + softirq."""
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) * 1_000_000 // clk_tck
+
+
 def parse_proc_stat(text: str, clk_tck: int = _CLK_TCK) -> CpuTimes:
     """Per-CPU times from ``/proc/stat`` (``cpuN user nice system idle iowait irq softirq steal guest guest_nice``).
 
@@ -79,7 +85,7 @@ def parse_proc_stat(text: str, clk_tck: int = _CLK_TCK) -> CpuTimes:
             continue
         v = [int(x) for x in parts[1:9]] + [0] * max(0, 8 - len(parts[1:9]))
         user, nice, system, idle, iowait, irq, softirq, st = v
-        busy[cpu] = (user + nice + system + irq + softirq) * 1_000_000 // clk_tck
+        busy[cpu] = _busy_us(v, clk_tck)
         total[cpu] = (user + nice + system + idle + iowait + irq + softirq + st) * 1_000_000 // clk_tck
         steal += st
     if not busy:
@@ -217,9 +223,8 @@ class HostSampler:
                 break  # the per-CPU lines come first
             c = self._prefixes.get(line[:line.find(" ") + 1])
             if c is not None:
-                v = line.split()[1:8]
-                v += ["0"] * (7 - len(v))
-                out[c] = (int(v[0]) + int(v[1]) + int(v[2]) + int(v[5]) + int(v[6])) * 1_000_000 // self._clk_tck
+                v = [int(x) for x in line.split()[1:8]]
+                out[c] = _busy_us(v + [0] * (7 - len(v)), self._clk_tck)
         if not out and "\ncpu" not in text:  # as parse_proc_stat: no per-CPU line at all is a bad read, not idle CPUs
             raise ValueError("no per-CPU 'cpuN' lines in /proc/stat text")
         return out

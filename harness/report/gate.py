@@ -190,9 +190,18 @@ def check_measured(tasks: list[TaskOutcomes]) -> GateCheck | None:
     none = [t for t in tasks if t.n == 0]
     if not none:
         return None
+    spent = [t for t in none if t.unmeasured]  # a rerun budget spent on discards: a refill measures them
+    waiting = [t for t in none if t.pending and not t.unmeasured]  # not run yet: resuming the run measures them
+    how = []
+    if spent:
+        how.append(f"{len(spent)} spent their rerun budget on discards: once the cause is gone, "
+                   "`harness run --resume RUN --refill-unmeasured` measures them")
+    if waiting:
+        how.append(f"{len(waiting)} have slots not run yet (a run in progress or interrupted): "
+                   "`harness run --resume RUN` runs them")
     return GateCheck("every task measured", False,
                      f"{len(none)} of {len(tasks)} task(s) have no clean trial and are in no figure -- a gate cannot vouch for "
-                     "them; once the cause is gone, `harness run --resume RUN --refill-unmeasured` measures them",
+                     "them" + ("; " + "; ".join(how) if how else ""),
                      [f"{t.task_id}: {t.marks()}" for t in none[:20]])
 
 

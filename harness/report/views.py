@@ -756,11 +756,15 @@ def chart(series: dict[str, Any], th: Thresholds, memory_max: int | None, width:
     return Group(*lines)
 
 
-_CONTROL = dict.fromkeys([*range(0, 9), *range(11, 32), *range(127, 160)], "\ufffd")
+# C0 and C1 controls (escape sequences), and the bidirectional formatting characters that
+# reorder what a terminal shows (U+061C, U+200E/F, U+202A-E, U+2066-9: "Trojan Source").
+_CONTROL = dict.fromkeys([*range(0, 9), *range(11, 32), *range(127, 160), 0x061C, 0x200E, 0x200F,
+                          *range(0x202A, 0x202F), *range(0x2066, 0x206A)], "\ufffd")
 
 
 def printable(s: str) -> str:
-    """Agent output as it may reach a terminal: control characters (escape sequences) replaced."""
+    """Agent output as it may reach a terminal: control characters (escape sequences) and
+    bidirectional overrides replaced."""
     return s.translate(_CONTROL)
 
 

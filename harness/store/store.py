@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
-from sqlalchemy import JSON, Text, case, cast, create_engine, delete, event, func, inspect, literal, or_, select, text, update
+from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text, case, cast, create_engine, delete, event, func, inspect, literal, or_, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -102,6 +102,9 @@ class Store:
         path = _sqlite_path(url)
         engine_url = url
         if path is not None:
+            if path.is_dir():
+                raise StoreError(f"database {url}: {path} is a directory; name a database file in it, "
+                                 f"e.g. --db sqlite:///{path / 'harness.db'}")
             if mode == "ro":
                 if not path.exists():
                     raise StoreError(f"no harness database at {path}; run `harness run --suite refunds` first or pass --db")
@@ -189,6 +192,8 @@ class Store:
                 return [dict(m) for m in s.execute(stmt).mappings()]
         except OperationalError as e:
             raise err(_explain(self.url, e)) from None
+        except (ValueError, TypeError) as e:  # a value the column's type cannot decode (JSON, a date)
+            raise StoreError(_damaged(self.url, f"a stored value cannot be decoded ({type(e).__name__}: {e})")) from None
         except SQLAlchemyError as e:
             raise err(f"database {self.url} cannot be read ({str(getattr(e, 'orig', e)).splitlines()[0]}); "
                       "is it a harness database? pass --db or set HARNESS_DB") from None
@@ -283,7 +288,7 @@ class Store:
 
     # -- reads -----------------------------------------------------------------
     def _run_records(self, stmt: Any) -> list[RunRecord]:
-        return [_run_record(r) for r in self._read(stmt)]
+        return [_run_record(_checked(r, self.url, RunRow)) for r in self._read(stmt)]
 
     def get_run(self, ref: str) -> RunRecord:
         """A run by id, unique id prefix, or ``last``."""
@@ -319,7 +324,11 @@ class Store:
         return self._run_records(self._select(RunRow).where(RunRow.status == status).order_by(RunRow.created_at))
 
     def attempts(self, run_id: str, fields: Iterable[str] | None = None) -> list[Any]:
-        """Every attempt of a run, in insertion order, as :class:`AttemptRecord`.
+        """Every attempt of a run, in insertion order: whole :class:`AttemptRecord` objects,
+        or with ``fields`` lean read-only tuples that have those attributes only.
+
+        A row holding what harness never writes (a store changed outside harness) is a
+        StoreError naming the attempt and column, never a traceback further on.
 
         ``fields`` (e.g. :data:`REPORT_FIELDS`): a lean read for reports of large runs. Only
         those columns are read, each distinct JSON value is decoded once (a run's attempts
@@ -329,7 +338,7 @@ class Store:
         not read is an AttributeError, never a default."""
         if fields is None:
             rows = self._read(self._select(AttemptRow).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id))
-            return [_attempt_record(r) for r in rows]
+            return [_attempt_record(_checked(r, self.url)) for r in rows]
         return self._lean_attempts(run_id, list(fields))
 
     def _lean_attempts(self, run_id: str, fields: list[str]) -> list[Any]:
@@ -357,20 +366,35 @@ class Store:
         tail = [v for _, v in absent]
         if not decoded:
             return [make([*r, *tail]) for r in rows]
-        memo: dict[str, Any] = {}
+        kinds = _kinds(AttemptRow)
+        scalars = [(i, n, kinds[n]) for i, n in enumerate(names) if n in kinds and i not in {j for j, _ in decoded}]
+        memos: dict[int, dict[str, Any]] = {i: {} for i, _ in decoded}  # per column: '{}' is not a list
         out = []
         for r in rows:
             r = [*r, *tail]
+            for i, n, ok in scalars:  # SQLite keeps whatever was written into a column: check it is ours
+                if r[i] is not None and not isinstance(r[i], ok):
+                    _wrong(self.url, r[0], n, r[i])
             for i, empty in decoded:
                 v = r[i]
+                memo = memos[i]
                 if v is None:
                     r[i] = empty
                 elif v in memo:
                     r[i] = memo[v]
                 else:
-                    r[i] = memo[v] = json.loads(v)
+                    try:
+                        got = json.loads(v)
+                    except ValueError:
+                        raise StoreError(_damaged(self.url, f"attempt {r[0]}: column {names[i]} is not JSON")) from None
+                    if got is not None and empty is not None and not isinstance(got, type(empty)):
+                        _wrong(self.url, r[0], names[i], got)
+                    r[i] = memo[v] = got
                 if r[i] is None:  # JSON null: what whole records make of it
                     r[i] = empty
+            for i, n, allowed in _ENUMS_AT(names):
+                if r[i] not in allowed:
+                    _wrong(self.url, r[0], n, r[i], show=True)
             out.append(make(r))
         return out
 
@@ -378,7 +402,7 @@ class Store:
         rows = self._read(self._select(AttemptRow).where(AttemptRow.id == attempt_id))
         if not rows:
             raise StoreError(f"attempt {attempt_id}: no such attempt; list them with `harness trials RUN`")
-        return _attempt_record(rows[0])
+        return _attempt_record(_checked(rows[0], self.url))
 
     def samples(self, attempt_id: int) -> list[Sample]:
         rows = self._read(select(*[SampleRow.__table__.c[c] for c in _SAMPLE_COLS])
@@ -410,7 +434,66 @@ class Store:
 
 _LISTS = ("reasons", "rules", "grade_checks", "envelope_notes", "model_calls", "egress", "phases")
 _DICTS = ("state_diff", "envelope", "envelope_applied", "counters", "host_counters", "grade_envelope", "rewards",
-          "requested_envelope", "services", "upstream", "egress_summary")
+          "requested_envelope", "services", "upstream", "egress_summary", "node")
+
+
+_RUN_LISTS = ("agent_cmd", "ks", "task_ids", "secrets")
+_RUN_DICTS = ("profile_json", "host", "images", "substitutions", "adjustments", "excluded", "agent_env", "upstreams", "refills")
+# values a column may hold besides its type's (a record's Literal fields)
+_ENUMS = {"verdict": ("clean", "discarded"), "outcome": ("pass", "fail", None)}
+
+
+def _ENUMS_AT(names: list[str]) -> list[tuple[int, str, tuple]]:
+    return [(i, n, _ENUMS[n]) for i, n in enumerate(names) if n in _ENUMS]
+
+
+@functools.lru_cache(maxsize=8)
+def _kinds(row: Any) -> dict[str, tuple[type, ...]]:
+    """Column -> the Python types its values may have as read (JSON: list or dict)."""
+    out: dict[str, tuple[type, ...]] = {}
+    for c in row.__table__.columns:
+        t = c.type
+        if isinstance(t, JSON):
+            lists, dicts = (_LISTS, _DICTS) if row is AttemptRow else (_RUN_LISTS, _RUN_DICTS)
+            out[c.name] = (list,) if c.name in lists else (dict,) if c.name in dicts else (object,)
+        elif isinstance(t, Boolean):
+            out[c.name] = (bool, int)
+        elif isinstance(t, Float):
+            out[c.name] = (int, float)
+        elif isinstance(t, Integer):  # BigInteger too
+            out[c.name] = (int,)
+        elif isinstance(t, DateTime):
+            out[c.name] = (dt.datetime,)
+        elif isinstance(t, String):  # Text too
+            out[c.name] = (str,)
+    return out
+
+
+def _damaged(url: str, what: str) -> str:
+    return (f"database {url}: {what[:300]} -- harness never writes that; the database was changed outside "
+            "harness or is damaged (restore it from a copy, or pass another --db)")
+
+
+def _wrong(url: str, attempt_id: Any, column: str, value: Any, show: bool = False, what: str = "attempt") -> None:
+    """Stop on a value harness never writes: named by type (a stored string may be an agent's
+    text), by value for numbers and the values of a record's fixed vocabulary."""
+    shown = ascii(value) if show or isinstance(value, (int, float, bool)) or value is None else f"a {type(value).__name__}"
+    raise StoreError(_damaged(url, f"{what} {attempt_id}: column {column} holds {shown[:60]}"))
+
+
+def _checked(row: dict[str, Any], url: str, table: Any = AttemptRow) -> dict[str, Any]:
+    """A whole stored row, refused (one line) when a column holds what harness never writes."""
+    kinds = _kinds(table)
+    for name, v in row.items():
+        ok = kinds.get(name)
+        if v is not None and ok is not None and not isinstance(v, ok):
+            _wrong(url, row.get("id"), name, v, what="run" if table is RunRow else "attempt")
+    if table is not AttemptRow:
+        return row
+    for name, allowed in _ENUMS.items():
+        if name in row and row[name] not in allowed:
+            _wrong(url, row.get("id"), name, row[name], show=True)
+    return row
 
 
 @functools.lru_cache(maxsize=16)
@@ -444,10 +527,10 @@ def _attempt_record(row: dict[str, Any]) -> AttemptRecord:
 
 
 def _run_record(row: dict[str, Any]) -> RunRecord:
-    for k in ("agent_cmd", "ks", "task_ids", "secrets"):
+    for k in _RUN_LISTS:
         if row.get(k) is None:
             row[k] = []
-    for k in ("profile_json", "host", "images", "substitutions", "adjustments", "excluded", "agent_env", "upstreams", "refills"):
+    for k in _RUN_DICTS:
         if row.get(k) is None:
             row[k] = {}
     if row.get("task_overrides") is None:

@@ -1,0 +1,160 @@
+"""A store changed outside harness, and the small things a reader meets (no engine needed):
+every reading command ends a damaged store in one line (exit 2), never a traceback; an
+--otlp URL's credentials do not silently replace an authorization header; a --db that is a
+directory, an HTML page to a terminal, bidi overrides in agent output, a lock file read while
+it is being written, a gate's advice for slots not run yet."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.engine import otel, scheduler
+from harness.engine.scheduler import CpuPool
+from harness.model.attempt import AttemptRecord
+from harness.model.errors import UsageError
+from harness.model.outcomes import TaskOutcomes
+from harness.model.run import RunRecord
+from harness.report.gate import check_measured
+from harness.report.views import printable, tail_text
+from harness.store.store import Store
+
+runner = CliRunner()
+HARNESS = str(Path(sys.executable).with_name("harness"))
+
+
+def make_store(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    s = Store.open(url)
+    s.add_run(RunRecord(id="r1", suite="s", suite_hash="h", image="i", agent_cmd=["a"], profile="p", profile_json={},
+                        trials=2, ks=[1], max_reruns=0, task_ids=["t"], harness_version="0", status="complete"))
+    for slot in range(2):
+        s.add_attempt(AttemptRecord(run_id="r1", task_id="t", slot=slot, attempt_no=1, seed=slot, verdict="clean", outcome="pass"))
+    s.engine.dispose()
+    return url
+
+
+def tamper(url: str, table: str, column: str, value: object) -> None:
+    c = sqlite3.connect(url.removeprefix("sqlite:///"))
+    c.execute(f"UPDATE {table} SET {column} = ?", (value,))
+    c.commit()
+    c.close()
+
+
+COMMANDS = [["report", "r1"], ["report", "r1", "--format", "json"], ["show", "1"], ["trials", "r1"],
+            ["gate", "r1", "--require", "pass@1>=0.5"], ["runs"]]
+DAMAGE = [("attempts", "reasons", "notjson"), ("attempts", "reasons", "123"), ("attempts", "node", "[1]"),
+          ("attempts", "counters", "5"), ("attempts", "model_calls", "{}"), ("attempts", "phases", "notjson"),
+          ("attempts", "verdict", "weird"), ("attempts", "wall_s", "xyz"), ("attempts", "started_at", "garbage"),
+          ("runs", "ks", "5"), ("runs", "trials", "x"), ("runs", "host", "[]")]
+
+
+@pytest.mark.parametrize("table,column,value", DAMAGE)
+def test_a_store_changed_outside_harness_ends_every_reader_in_one_line(tmp_path, table, column, value):
+    url = make_store(tmp_path)
+    ok = runner.invoke(app, ["report", "r1", "--db", url])
+    assert ok.exit_code == 0, ok.output  # the undamaged store reads
+    tamper(url, table, column, value)
+    for cmd in COMMANDS:
+        res = runner.invoke(app, [*cmd, "--db", url])
+        if res.exit_code == 0:  # a reader that does not read the damaged column (runs lists runs only)
+            assert cmd == ["runs"] or column in ("phases", "counters", "started_at") and cmd[0] in ("report", "gate"), (cmd, res.output)
+            continue
+        assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (cmd, res.output, res.exception)
+        assert "changed outside harness or is damaged" in res.output, (cmd, res.output)
+        assert "Traceback" not in res.output
+
+
+def test_a_damaged_value_is_named_by_type_never_shown(tmp_path):
+    """A stored string may be an agent's text: the line names its type, not its content."""
+    url = make_store(tmp_path)
+    tamper(url, "attempts", "wall_s", "\x1b[31mAGENT-TEXT")
+    res = runner.invoke(app, ["show", "1", "--db", url])
+    assert res.exit_code == 2 and "column wall_s holds a str" in res.output and "AGENT-TEXT" not in res.output
+
+
+def test_a_db_that_is_a_directory_is_one_line(tmp_path):
+    for cmd in (["runs"], ["report", "last"]):
+        res = runner.invoke(app, [*cmd, "--db", f"sqlite:///{tmp_path}"])
+        assert res.exit_code == 2 and "is a directory" in res.output and str(tmp_path / "harness.db") in res.output, res.output
+
+
+def test_an_html_report_is_not_written_to_a_terminal(tmp_path):
+    url = make_store(tmp_path)
+    primary, secondary = pty.openpty()
+    try:
+        p = subprocess.run([HARNESS, "report", "r1", "--format", "html", "--db", url], stdout=secondary,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert p.returncode == 2 and "--out report.html" in p.stderr, p.stderr
+    piped = subprocess.run([HARNESS, "report", "r1", "--format", "html", "--db", url], capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stdout.lstrip().lower().startswith("<!doctype html"), piped.stderr
+
+
+def test_url_credentials_beside_an_authorization_header_are_refused(monkeypatch):
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_HEADERS", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", raising=False)
+    url = otel.traces_url("http://user:tok3n@127.0.0.1:4318")
+    with pytest.raises(UsageError, match="carries credentials") as e:
+        otel.parse_headers(["Authorization=Bearer s3cret"], url)
+    assert "tok3n" not in str(e.value) and "s3cret" not in str(e.value)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20x")
+    with pytest.raises(UsageError, match="carries credentials"):
+        otel.parse_headers([], url)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_HEADERS")
+    assert otel.parse_headers(["x-team=a"], url) == {"x-team": "a"}  # credentials in the URL alone are fine
+    assert otel.parse_headers(["authorization=b"], otel.traces_url("http://127.0.0.1:4318")) == {"authorization": "b"}
+
+
+def test_bidi_overrides_never_reach_the_terminal():
+    s = "refund \u202eevil\u202c ok \u2066x\u2069 \u200fy \x1b[2J"
+    out = printable(s)
+    assert not any(ch in out for ch in "\u202e\u202c\u2066\u2069\u200f\x1b")
+    assert out.startswith("refund \ufffdevil\ufffd ok")
+    assert "\u202e" not in tail_text(s.encode())
+
+
+def test_a_lock_file_being_taken_is_not_named_as_pid_unknown(tmp_path, monkeypatch):
+    """A holder's name is written before the file is cut to length (never empty while held);
+    a lock held over an empty file (a prober this instant) is left out of the waiting line."""
+    monkeypatch.setenv("HARNESS_LOCK_DIR", str(tmp_path))
+    core = sorted(os.sched_getaffinity(0))[0]
+    fd = os.open(tmp_path / f"cpu{core}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"a much longer previous holder line than ours\nrun r-old\n")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        watcher = CpuPool(cpus=[core])
+        assert watcher.holders([core]) == {}  # held, nothing written yet: no "pid ?"
+        pool = CpuPool(cpus=[core])
+        pool.note = "r-new"
+        pool._mark(core, fd)
+        text = (tmp_path / f"cpu{core}.lock").read_text()
+        assert text == f"{scheduler.controller_id()}\nrun r-new\n"  # cut to length: no tail of the longer line
+        assert watcher.holders([core]) == {core: f"pid {os.getpid()} (run r-new)"}
+    finally:
+        os.close(fd)
+
+
+def test_a_gate_advises_resume_for_slots_not_run_and_refill_for_spent_ones():
+    spent = TaskOutcomes(task_id="a", trials=[], slots=["unmeasured", "unmeasured"])
+    waiting = TaskOutcomes(task_id="b", trials=[], slots=["pending", "pending"])
+    fine = TaskOutcomes(task_id="c", trials=[True, True], slots=["pass", "pass"])
+    only_waiting = check_measured([waiting, fine])
+    assert only_waiting is not None and not only_waiting.ok
+    assert "--refill-unmeasured" not in only_waiting.message and "`harness run --resume RUN` runs them" in only_waiting.message
+    both = check_measured([spent, waiting, fine])
+    assert "1 spent their rerun budget" in both.message and "--refill-unmeasured" in both.message
+    assert "1 have slots not run yet" in both.message
+    assert check_measured([fine]) is None
