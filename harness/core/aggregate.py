@@ -19,7 +19,7 @@ from harness.model.outcomes import SlotStatus, TaskOutcomes
 from harness.model.run import RunRecord
 
 
-@dataclass
+@dataclass(slots=True)
 class SlotView:
     """One slot: its clean attempt (if any) and every discarded one."""
 
@@ -47,15 +47,23 @@ def slot_views(attempts: Iterable[AttemptRecord], task_ids: list[str], trials: i
     refills = refills or {}
     views = {t: [SlotView(task=t, slot=i, max_reruns=max_reruns, refilled_after=refills.get(f"{t}/{i}", 0)) for i in range(trials)]
              for t in task_ids}
-    for a in sorted(attempts, key=lambda a: (a.task_id, a.slot, a.attempt_no, a.id or 0)):
-        if a.task_id not in views or a.slot >= trials:
+    # one pass in the order given (a store reads in insertion order), then each slot's own
+    # attempts put in (attempt number, id) order: no sort of the whole run
+    several: list[SlotView] = []
+    for a in attempts:
+        row = views.get(a.task_id)
+        if row is None or a.slot >= trials:
             continue
-        v = views[a.task_id][a.slot]
+        v = row[a.slot]
         if a.verdict == "clean":
-            if v.clean is None:
-                v.clean = a
+            if v.clean is None or (a.attempt_no, a.id or 0) < (v.clean.attempt_no, v.clean.id or 0):
+                v.clean = a  # the first clean attempt counts
         else:
+            if len(v.discarded) == 1:
+                several.append(v)
             v.discarded.append(a)
+    for v in several:
+        v.discarded.sort(key=lambda a: (a.attempt_no, a.id or 0))
     return views
 
 

@@ -570,29 +570,34 @@ def suite_interval(
     if short_as is not None:
         short_as = _prob(fn, "short_as", short_as, closed=True)
     tasks = _tasks(fn, tasks)
-    inc = [t for t in tasks if t.n >= k]
-    short = [t for t in tasks if 0 < t.n < k] if short_as is not None else []
-    if not inc and not short:
+    nc = [(t.n, t.c) for t in tasks]
+    # the figure depends on each task's (n, c) only: every sum runs over the distinct pairs,
+    # each weighted by how many tasks have it (10^5 tasks, a few dozen pairs)
+    pairs = Counter(x for x in nc if x[0] >= k)
+    short = [i for i, (n, _) in enumerate(nc) if 0 < n < k] if short_as is not None else []
+    if not pairs and not short:
         raise ValueError(f"{fn}: no task has at least {k} clean trial(s); nothing to estimate {metric} from")
-    values = [_task_value(metric, t.n, t.c, k) for t in inc] + [float(short_as or 0.0)] * len(short)
-    T = len(values)
-    m = min(1.0, max(0.0, _mean(values)))
-    cap = max(1.0, sum(t.n for t in inc + short) / k)
+    weighted = [(_task_value(metric, n, c, k), w) for (n, c), w in pairs.items()]
+    if short:
+        weighted.append((float(short_as or 0.0), len(short)))
+    T = sum(w for _, w in weighted)
+    m = min(1.0, max(0.0, math.fsum(v * w for v, w in weighted) / T))
+    cap = max(1.0, (sum(n * w for (n, _), w in pairs.items()) + sum(nc[i][0] for i in short)) / k)
     if estimand == "tasks":
         if T < 2:
             low, high, n_eff = 0.0, 1.0, None
         else:
-            var = math.fsum((v - m) ** 2 for v in values) / (T - 1) / T
+            var = math.fsum(w * (v - m) ** 2 for v, w in weighted) / (T - 1) / T
             n_eff = cap if var <= 0 or m * (1 - m) <= 0 else max(1.0, min(cap, m * (1 - m) / var))
             low, high = _wilson_at(m, n_eff, t_ppf(0.5 + conf / 2, T - 1))
     else:
-        var = math.fsum(_task_variance(metric, t.n, t.c, k) for t in inc) / (T * T)
+        var = math.fsum(_task_variance(metric, n, c, k) * w for (n, c), w in pairs.items()) / (T * T)
         n_eff = cap if var <= 0 or m * (1 - m) <= 0 else max(1.0, min(cap, m * (1 - m) / var))
         low, high = _wilson_at(m, n_eff, normal_ppf(0.5 + conf / 2))
     return SuiteInterval(
         metric=metric, k=k, estimand=estimand, estimate=m, low=low, high=high, conf=conf, n_tasks=T,
-        n_eff=n_eff, excluded=[t.task_id for t in tasks if t.n < k and t not in short],
-        counted_short=[t.task_id for t in short],
+        n_eff=n_eff, excluded=[t.task_id for t, (n, _) in zip(tasks, nc) if n < k and not (short_as is not None and n > 0)],
+        counted_short=[tasks[i].task_id for i in short],
     )
 
 

@@ -6,7 +6,8 @@ slot counts, in trial order; an unmeasured slot is listed, never scored.
 
 from __future__ import annotations
 
-from typing import Literal
+from functools import cached_property
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
@@ -36,15 +37,24 @@ class TaskOutcomes(_Model):
     )
     failure_kinds: dict[str, int] = Field(default_factory=dict, description="Failure kind -> clean failing trials.")
 
-    @property
+    # n and c are read for every task by every estimator (10^5 tasks, a dozen figures): computed
+    # once per object. The model is frozen, so they cannot go stale; a copy with an update
+    # computes them again (model_copy below).
+    @cached_property
     def n(self) -> int:
         """Number of clean trials."""
         return len(self.trials)
 
-    @property
+    @cached_property
     def c(self) -> int:
         """Number of passing clean trials."""
         return sum(self.trials)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "TaskOutcomes":
+        out = super().model_copy(update=update, deep=deep)
+        out.__dict__.pop("n", None)
+        out.__dict__.pop("c", None)
+        return out
 
     def marks(self) -> str:
         """✓ pass, ✗ fail, · unmeasured, ? not run yet: one mark per slot in trial order."""

@@ -24,6 +24,8 @@ from harness.core.estimator import (
     clustered_se_pass1,
     drift_test,
     overdispersion_test,
+    pass_at_k,
+    pass_hat_k,
     suite_interval,
     suite_metrics,
     wilson_interval,
@@ -173,6 +175,21 @@ def _breach_lines(a: Any) -> list[str]:
     return lines
 
 
+def _pair_figures(n: int, c: int, ks: list[int]) -> tuple[dict[str, float | None], list[float] | None]:
+    """A task's figures, which depend on its (clean trials, passes) only: pass@1, pass@k and
+    pass^k at each k > 1 (None where n < k), and pass@1's Wilson interval. Computed once per
+    distinct pair (a suite of 10^5 tasks has a few dozen) and shared by the rows that have it."""
+    metrics: dict[str, float | None] = {"pass@1": c / n if n else None}
+    for kk in ks:
+        if kk > 1:
+            metrics[f"pass@{kk}"] = pass_at_k(n, c, kk) if n >= kk else None
+    for kk in ks:
+        if kk > 1:
+            metrics[f"pass^{kk}"] = pass_hat_k(n, c, kk) if n >= kk else None
+    ci = wilson_interval(c, n, CONF) if n else None
+    return metrics, [ci.low, ci.high] if ci else None
+
+
 def _sort_key(row: dict[str, Any], gate_k: int) -> tuple:
     p1 = row["pass1"]
     pk = row["metrics"].get(f"pass^{gate_k}") if gate_k > 1 else p1
@@ -208,7 +225,7 @@ def build_report(
     views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns, getattr(run, "refills", None))
     outs = [outcomes_of(t, v) for t, v in views.items()]
     sm = suite_metrics(outs, ks)
-    per_metrics = {m.task_id: m for m in sm.per_task}
+    pair_memo: dict[tuple[int, int], tuple[dict[str, float | None], list[float] | None]] = {}
     bk = buckets(outs)
     bucket_of = {t: name for name in ("always", "sometimes", "never", "unmeasured") for t in getattr(bk, name)}
 
@@ -223,7 +240,6 @@ def build_report(
     scored_all: list[AttemptRecord] = []
     for t in outs:
         slots = views[t.task_id]
-        m = per_metrics[t.task_id]
         fk = {kind: 0 for kind in FAILURE_KINDS}
         for kind, cnt in t.failure_kinds.items():
             fk[kind] = fk.get(kind, 0) + cnt
@@ -248,16 +264,9 @@ def build_report(
             unmeasured.append(item)
         for i in t.pending:
             pending.append({"task": t.task_id, "slot": i})
-        metrics: dict[str, float | None] = {"pass@1": m.pass1}
-        for kk in ks:
-            if kk > 1:
-                metrics[f"pass@{kk}"] = m.pass_at_k[kk]
-        for kk in ks:
-            if kk > 1:
-                metrics[f"pass^{kk}"] = m.pass_hat_k[kk]
+        metrics, pass1_ci = pair_memo.get((t.n, t.c)) or pair_memo.setdefault((t.n, t.c), _pair_figures(t.n, t.c, ks))
         scored = [s.clean for s in slots if s.clean is not None]
         scored_all += scored
-        ci = wilson_interval(t.c, t.n, CONF) if t.n else None
         clean_exit_wrong = sum(
             1 for s in slots if s.clean is not None and s.clean.outcome != "pass" and s.clean.failure_kind == "wrong_state"
         )
@@ -269,8 +278,8 @@ def build_report(
                 "n": t.n,
                 "c": t.c,
                 "slots": len(slots),
-                "pass1": m.pass1,
-                "pass1_ci": [ci.low, ci.high] if ci else None,
+                "pass1": metrics["pass@1"],
+                "pass1_ci": pass1_ci,
                 "metrics": metrics,
                 "failure_kinds": fk,
                 "failures": t.n - t.c,
@@ -391,7 +400,8 @@ def build_report(
         excl = sm.by_k[kk].excluded
         if excl and len(excl) < len(outs):
             short = [t.task_id for t in outs if 0 < t.n < kk]
-            none = [t for t in excl if t not in short]
+            short_set = set(short)
+            none = [t for t in excl if t not in short_set]
             if short:
                 warnings.append(f"k={kk}: {len(short)} measured task(s) with fewer than {kk} clean trials left out of pass@{kk}/pass^{kk}"
                                 f" (the table gives the figure counting them as 0): {', '.join(short)}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import functools
+import gc
 import json
 import os
 from pathlib import Path
@@ -187,7 +188,10 @@ class Store:
         try:
             if tuples:  # Core, not the ORM session: no ORM loading step per row
                 with self.engine.connect() as c:
-                    return c.execute(stmt).all()
+                    res = c.execute(stmt)
+                    if not any(getattr(res._metadata, "_processors", None) or [True]):
+                        return res.cursor.fetchall()  # the driver's own tuples: no Row per row when nothing converts
+                    return res.all()
             with self.session() as s:
                 return [dict(m) for m in s.execute(stmt).mappings()]
         except OperationalError as e:
@@ -361,42 +365,58 @@ class Store:
             else:
                 cols.append(c)
             names.append(name)
-        rows = self._read(select(*cols).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id), tuples=True)
-        make = lean_type(tuple(names + [n for n, _ in absent]))._make
-        tail = [v for _, v in absent]
-        if not decoded:
-            return [make([*r, *tail]) for r in rows]
+        collect = gc.isenabled()
+        gc.disable()  # 10^5 rows of new objects: the collector would walk the growing heap again and again
+        try:
+            return self._lean_rows(select(*cols).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id), names, decoded, absent)
+        finally:
+            if collect:
+                gc.enable()
+
+    def _lean_rows(self, stmt: Any, names: list[str], decoded: list[tuple[int, Any]], absent: list[tuple[str, Any]]) -> list[Any]:
+        rows = self._read(stmt, tuples=True)
+        # tuple.__new__ straight from C (namedtuple's _make is a Python frame per row)
+        make = functools.partial(tuple.__new__, lean_type(tuple(names + [n for n, _ in absent])))
+        if not rows:
+            return []
+        # column by column (C-level map/set over 10^5 values, not a Python loop per row): each
+        # column checked to hold what harness writes, each distinct JSON text decoded once
+        cols_ = [list(c) for c in zip(*rows)]
         kinds = _kinds(AttemptRow)
-        scalars = [(i, n, kinds[n]) for i, n in enumerate(names) if n in kinds and i not in {j for j, _ in decoded}]
-        memos: dict[int, dict[str, Any]] = {i: {} for i, _ in decoded}  # per column: '{}' is not a list
-        out = []
-        for r in rows:
-            r = [*r, *tail]
-            for i, n, ok in scalars:  # SQLite keeps whatever was written into a column: check it is ours
-                if r[i] is not None and not isinstance(r[i], ok):
-                    _wrong(self.url, r[0], n, r[i])
-            for i, empty in decoded:
-                v = r[i]
-                memo = memos[i]
-                if v is None:
-                    r[i] = empty
-                elif v in memo:
-                    r[i] = memo[v]
-                else:
+        json_at = dict(decoded)
+        for i, name in enumerate(names):
+            col = cols_[i]
+            if i in json_at:
+                empty = json_at[i]
+                memo: dict[Any, Any] = {None: empty}
+                for v in set(col) - {None}:
                     try:
                         got = json.loads(v)
                     except ValueError:
-                        raise StoreError(_damaged(self.url, f"attempt {r[0]}: column {names[i]} is not JSON")) from None
-                    if got is not None and empty is not None and not isinstance(got, type(empty)):
-                        _wrong(self.url, r[0], names[i], got)
-                    r[i] = memo[v] = got
-                if r[i] is None:  # JSON null: what whole records make of it
-                    r[i] = empty
-            for i, n, allowed in _ENUMS_AT(names):
-                if r[i] not in allowed:
-                    _wrong(self.url, r[0], n, r[i], show=True)
-            out.append(make(r))
-        return out
+                        raise StoreError(_damaged(self.url, f"attempt {cols_[0][col.index(v)]}: column {name} is not JSON")) from None
+                    if got is None:  # JSON null: what whole records make of it
+                        got = empty
+                    elif empty is not None and not isinstance(got, type(empty)):
+                        _wrong(self.url, cols_[0][col.index(v)], name, got)
+                    memo[v] = got
+                cols_[i] = list(map(memo.__getitem__, col))
+                continue
+            if name in _ENUMS:  # its vocabulary, so its type too
+                bad = set(col) - set(_ENUMS[name])
+                if bad:
+                    v = next(iter(bad))
+                    _wrong(self.url, cols_[0][col.index(v)], name, v, show=True)
+                continue
+            ok = kinds.get(name)
+            if ok is not None and name != "id":  # the rowid is an integer whatever was written
+                bad_types = set(map(type, col)) - {type(None)}
+                for t in bad_types:
+                    if not issubclass(t, ok):  # SQLite keeps whatever was written into a column
+                        v = next(x for x in col if type(x) is t)
+                        _wrong(self.url, cols_[0][col.index(v)], name, v)
+        for _, v in absent:
+            cols_.append([v] * len(rows))
+        return list(map(make, zip(*cols_)))
 
     def get_attempt(self, attempt_id: int) -> AttemptRecord:
         rows = self._read(self._select(AttemptRow).where(AttemptRow.id == attempt_id))
@@ -441,10 +461,6 @@ _RUN_LISTS = ("agent_cmd", "ks", "task_ids", "secrets")
 _RUN_DICTS = ("profile_json", "host", "images", "substitutions", "adjustments", "excluded", "agent_env", "upstreams", "refills")
 # values a column may hold besides its type's (a record's Literal fields)
 _ENUMS = {"verdict": ("clean", "discarded"), "outcome": ("pass", "fail", None)}
-
-
-def _ENUMS_AT(names: list[str]) -> list[tuple[int, str, tuple]]:
-    return [(i, n, _ENUMS[n]) for i, n in enumerate(names) if n in _ENUMS]
 
 
 @functools.lru_cache(maxsize=8)
