@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import re
 import sqlite3
 import subprocess
 import sys
@@ -72,6 +73,78 @@ def test_a_store_changed_outside_harness_ends_every_reader_in_one_line(tmp_path,
         assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (cmd, res.output, res.exception)
         assert "changed outside harness or is damaged" in res.output, (cmd, res.output)
         assert "Traceback" not in res.output
+
+
+def make_store_with_samples(tmp_path: Path) -> str:
+    url = make_store(tmp_path)
+    c = sqlite3.connect(url.removeprefix("sqlite:///"))
+    c.executemany("INSERT INTO samples (attempt_id, t, cpu_usage_us, memory_current) VALUES (?, ?, ?, ?)",
+                  [(1, 0.2 * i, 1000 * i, 4096) for i in range(1, 4)])
+    c.commit()
+    c.close()
+    return url
+
+
+# deeper damage: bytes that are not UTF-8, JSON holding the wrong things, values outside a
+# field's range, an unknown vocabulary word, a sample holding text
+DEEP = [("attempts", "error", "CAST(x'41ff' AS TEXT)"), ("attempts", "task_id", "CAST(x'41ff' AS TEXT)"),
+        ("attempts", "failure_kind", "'weird'"), ("attempts", "reasons", "'[1, null]'"),
+        ("attempts", "model_calls", "'[1, \"x\"]'"), ("attempts", "rules", "'[1]'"), ("attempts", "slot", "-1 - slot"),
+        ("runs", "excluded", "'{\"t\": 5}'"), ("runs", "agent_cmd", "'[1, {}]'"), ("runs", "task_ids", "'[1, 2]'"),
+        ("runs", "ks", "'[0]'"), ("runs", "ks", "'[1000]'"), ("runs", "ks", "'[\"a\"]'"), ("runs", "trials", "0"),
+        ("samples", "t", "'x'"), ("samples", "memory_current", "x'00ff'")]
+
+
+@pytest.mark.parametrize("table,column,sql", DEEP)
+def test_deeper_damage_is_one_line_too(tmp_path, table, column, sql):
+    url = make_store_with_samples(tmp_path)
+    c = sqlite3.connect(url.removeprefix("sqlite:///"))
+    c.execute(f"UPDATE {table} SET {column} = {sql}")
+    c.commit()
+    c.close()
+    failed = set()
+    for cmd in [*COMMANDS, ["report", "r1", "--format", "html", "--out", str(tmp_path / "r.html")], ["samples", "r1"],
+                ["samples", "1", "--jsonl"]]:
+        res = runner.invoke(app, [*cmd, "--db", url])
+        assert not isinstance(res.exception, Exception) or isinstance(res.exception, SystemExit), (cmd, res.output, res.exception)
+        if res.exit_code:
+            assert res.exit_code == 2 and "changed outside harness or is damaged" in res.output, (cmd, res.output)
+            assert "\x1b" not in res.output and "\udcff" not in res.output
+            failed.add(cmd[0])
+    # the commands that read the damaged table say so
+    assert failed >= ({"samples", "show"} if table == "samples" else {"report", "trials"}), failed
+
+
+def test_terminal_output_carries_text_and_colour_only(tmp_path):
+    """Whatever a store holds, a terminal gets no escape sequence but colour, no bidi override."""
+    url = make_store(tmp_path)
+    evil = "\x1b]0;PWN\x07\x1b[2J\u202eRTL"
+    c = sqlite3.connect(url.removeprefix("sqlite:///"))
+    c.execute("UPDATE attempts SET grade_reason = ?, outcome = 'fail', failure_kind = 'wrong_state'", (evil,))
+    c.execute("UPDATE runs SET note = ?", (evil,))
+    c.commit()
+    c.close()
+    for cmd in (["show", "1"], ["report", "r1"], ["runs"], ["trials", "r1"]):
+        primary, secondary = pty.openpty()
+        try:
+            p = subprocess.Popen([HARNESS, *cmd, "--db", url], stdout=secondary, stderr=secondary, env={**os.environ, "COLUMNS": "200"})
+            os.close(secondary)
+            chunks = []
+            while True:
+                try:
+                    b = os.read(primary, 65536)
+                except OSError:
+                    break
+                if not b:
+                    break
+                chunks.append(b)
+            assert p.wait(timeout=120) == 0, cmd
+        finally:
+            os.close(primary)
+        out = b"".join(chunks).decode("utf-8", "replace")
+        assert "\x1b]" not in out and "\x1b[2J" not in out and "\u202e" not in out and "\x07" not in out, (cmd, out[-400:])
+        other = [m for m in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]", out) if not m.endswith("m")]
+        assert not other, (cmd, other)
 
 
 def test_a_damaged_value_is_named_by_type_never_shown(tmp_path):

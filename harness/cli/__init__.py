@@ -7,7 +7,7 @@ here; errors are mapped to exit codes in one place (``harness.cli.app.HarnessGro
 from __future__ import annotations
 
 from harness.cli import export, inspect, report, run, sandbox, suites
-from harness.cli.app import app
+from harness.cli.app import app, guard_terminal
 
 for _module in (sandbox, run, suites, report, inspect, export):
     _module.register(app)
@@ -15,6 +15,7 @@ for _module in (sandbox, run, suites, report, inspect, export):
 
 def main() -> None:
     """Console-script entry point (``harness``, ``python -m harness``)."""
+    guard_terminal()
     app()
 
 

@@ -11,6 +11,7 @@ hold, the command's exit status in ``sandbox exec``), never an error.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any, NoReturn
 
@@ -35,8 +36,52 @@ console = Console(width=_width(sys.stdout))
 err = Console(stderr=True, width=_width(sys.stderr))
 
 
+# what may reach a terminal besides text: colour (SGR) sequences, which is all rich writes here
+_SGR = re.compile(r"(\x1b\[[0-9;]*m)")
+# C0 and C1 controls but newline and tab, and the bidirectional formatting characters
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` as it may reach a terminal: colour sequences kept, every other control
+    character, escape sequence and bidi override replaced by U+FFFD."""
+    parts = _SGR.split(text)
+    return "".join(p if i % 2 else _UNSAFE.sub("\ufffd", p) for i, p in enumerate(parts))
+
+
+class TerminalGuard:
+    """A terminal stream that lets text and colour through, nothing else: whatever a command
+    prints that came from a store, a task or an agent (a task id, a grader's reason, a run's
+    note) cannot move the cursor, retitle the window, or reorder the line. Installed by
+    :func:`guard_terminal` for streams that are terminals only: piped or redirected output
+    (JSON, markdown, CSV) stays byte for byte what the command wrote."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(terminal_safe(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_terminal() -> None:
+    """Wrap sys.stdout / sys.stderr in a :class:`TerminalGuard` where they are terminals."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if tty and not isinstance(stream, TerminalGuard):
+            setattr(sys, name, TerminalGuard(stream))
+
+
 def print_error(e: HarnessError) -> None:
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    # the message may quote a stored or agent-written value: no control characters, even in a log
+    err.print(f"[bold red]error:[/] {escape(_UNSAFE.sub(chr(0xFFFD), str(e)))}", highlight=False, soft_wrap=True)
 
 
 class HarnessGroup(TyperGroup):

@@ -76,7 +76,7 @@ def _with_prewarm(suite: Suite, task: Task, b: BuildSpec, files: dict[str, Any])
 
 
 def _one_build(client: Any, suite: Suite, task: Task, tag: str, b: BuildSpec, bmap: BaseMap, labels: dict[str, str], force: bool,
-               out: TaskImages) -> str:
+               out: TaskImages, nocache: bool = False) -> str:
     """Build (or map) one image; the tag to run."""
     files = suite.files_under(b.context)
     prebuilt_here = bool(b.image) and image_id(client, b.image or "") is not None
@@ -95,7 +95,7 @@ def _one_build(client: Any, suite: Suite, task: Task, tag: str, b: BuildSpec, bm
         return local
     files = _with_prewarm(suite, task, b, files)
     res = build_image(client, tag, files, b.dockerfile, basemap=bmap, labels=labels, force=force, timeout=b.timeout,
-                      log_dir=harness_home() / "builds", ensure_base=lambda local: ensure_local_base(client, local))
+                      log_dir=harness_home() / "builds", ensure_base=lambda local: ensure_local_base(client, local), nocache=nocache)
     out.substitutions.update(res.substitutions)
     if res.built:
         out.built.append((tag, res.seconds))
@@ -103,8 +103,9 @@ def _one_build(client: Any, suite: Suite, task: Task, tag: str, b: BuildSpec, bm
 
 
 def build_task_images(client: Any, suite: Suite, tasks: list[Task], base_map: list[str] | None = None, force: bool = False,
-                      log: Callable[[str], None] | None = None) -> TaskImages:
-    """Build the images of ``tasks`` that have a ``build`` (and their separate verifiers')."""
+                      log: Callable[[str], None] | None = None, nocache: bool = False) -> TaskImages:
+    """Build the images of ``tasks`` that have a ``build`` (and their separate verifiers');
+    ``force`` and ``nocache``: every one again, every step again (a cold build)."""
     bmap = BaseMap.parse(base_map, suite.base_map)
     out = TaskImages()
     todo = [t for t in tasks if t.build is not None]
@@ -113,9 +114,9 @@ def build_task_images(client: Any, suite: Suite, tasks: list[Task], base_map: li
         n_built = len(out.built)
         labels = {SUITE_LABEL: suite.name, TASK_LABEL: t.id}
         try:
-            tag = _one_build(client, suite, t, t.image or "", t.build, bmap, labels, force, out)
+            tag = _one_build(client, suite, t, t.image or "", t.build, bmap, labels, force, out, nocache)
             if isinstance(t.grader, VerifierGraderSpec) and t.grader.build is not None and t.grader.image:
-                out.verifiers[t.id] = _one_build(client, suite, t, t.grader.image, t.grader.build, bmap, labels, force, out)
+                out.verifiers[t.id] = _one_build(client, suite, t, t.grader.image, t.grader.build, bmap, labels, force, out, nocache)
             out.images[t.id] = (tag, image_identity(client, tag)[0])  # the image id: what runs, whatever the tag becomes
         except HarnessError as e:
             out.failures[t.id] = str(e)

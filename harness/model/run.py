@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -153,7 +153,7 @@ class RunRecord(_M):
     cgroup_version: str = ""
     identity_hash: str = ""
     trials: int = Field(..., ge=1, description="n: trial slots per task.")
-    ks: list[int] = Field(default_factory=lambda: [1], description="k values fixed before the run.")
+    ks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1], description="k values fixed before the run.")
     max_reruns: int = Field(..., ge=0, description="Reruns of a discarded slot before it ends unmeasured.")
     seed: int = 0
     concurrency: int = 1

@@ -249,12 +249,14 @@ def build_image(
     timeout: float = 1800.0,
     log_dir: Path | None = None,
     ensure_base: Callable[[str], None] | None = None,
+    nocache: bool = False,
 ) -> BuildResult:
     """Build ``tag`` from a Dockerfile and its context (``files``), offline: foreign bases mapped
     to local ones, the host's CA bundle passed in, BuildKit-only syntax rewritten
     (``harness.sandbox.dockerfile``). Skipped when the present image was built from the same
     inputs (context, translated Dockerfile, base image ids). A failure raises
-    :class:`ImageBuildError` with the log's tail; the whole log is kept in ``log_dir``."""
+    :class:`ImageBuildError` with the log's tail; the whole log is kept in ``log_dir``.
+    ``nocache`` (with ``force``) builds every step again instead of reusing the layer cache."""
     if dockerfile not in files:
         raise ImageBuildError(f"building {tag}: no {dockerfile} in its build context")
     try:
@@ -270,7 +272,7 @@ def build_image(
     try:
         stream = client.api.build(fileobj=_tar(context), custom_context=True, dockerfile=BUILD_DOCKERFILE, tag=tag,
                                   buildargs=buildargs or None, labels={INPUTS_LABEL: inputs, **(labels or {})}, rm=True,
-                                  forcerm=True, pull=False, decode=True)
+                                  forcerm=True, pull=False, decode=True, nocache=nocache)
         for chunk in stream:
             if "stream" in chunk:
                 log += [x for x in str(chunk["stream"]).splitlines() if x.strip()]

@@ -20,15 +20,17 @@ import functools
 import gc
 import json
 import os
+import typing
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text, case, cast, create_engine, delete, event, func, inspect, literal, or_, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from harness.model.attempt import AttemptRecord
+from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.counters import Sample
 from harness.model.errors import StoreError, StoreLost
 from harness.model.run import RunRecord
@@ -195,9 +197,15 @@ class Store:
             with self.session() as s:
                 return [dict(m) for m in s.execute(stmt).mappings()]
         except OperationalError as e:
+            if _UNDECODABLE in str(e.orig):
+                raise StoreError(_damaged(self.url, _undecodable(str(e.orig)))) from None
             raise err(_explain(self.url, e)) from None
         except (ValueError, TypeError) as e:  # a value the column's type cannot decode (JSON, a date)
-            raise StoreError(_damaged(self.url, f"a stored value cannot be decoded ({type(e).__name__}: {e})")) from None
+            raise StoreError(_damaged(self.url, f"a stored value cannot be decoded ({type(e).__name__})")) from None
+        except self.engine.dialect.loaded_dbapi.Error as e:  # the driver's own, from the cursor's tuples
+            if _UNDECODABLE in str(e):
+                raise StoreError(_damaged(self.url, _undecodable(str(e)))) from None
+            raise err(f"database {self.url}: {type(e).__name__}: {_text(str(e).splitlines()[0] if str(e) else '')}") from None
         except SQLAlchemyError as e:
             raise err(f"database {self.url} cannot be read ({str(getattr(e, 'orig', e)).splitlines()[0]}); "
                       "is it a harness database? pass --db or set HARNESS_DB") from None
@@ -292,7 +300,7 @@ class Store:
 
     # -- reads -----------------------------------------------------------------
     def _run_records(self, stmt: Any) -> list[RunRecord]:
-        return [_run_record(_checked(r, self.url, RunRow)) for r in self._read(stmt)]
+        return [_run_record(_checked(r, self.url, RunRow), self.url) for r in self._read(stmt)]
 
     def get_run(self, ref: str) -> RunRecord:
         """A run by id, unique id prefix, or ``last``."""
@@ -342,7 +350,7 @@ class Store:
         not read is an AttributeError, never a default."""
         if fields is None:
             rows = self._read(self._select(AttemptRow).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id))
-            return [_attempt_record(_checked(r, self.url)) for r in rows]
+            return [_attempt_record(_checked(r, self.url), self.url) for r in rows]
         return self._lean_attempts(run_id, list(fields))
 
     def _lean_attempts(self, run_id: str, fields: list[str]) -> list[Any]:
@@ -398,6 +406,13 @@ class Store:
                         got = empty
                     elif empty is not None and not isinstance(got, type(empty)):
                         _wrong(self.url, cols_[0][col.index(v)], name, got)
+                    try:  # what it holds, too (each distinct text once)
+                        _adapter(name).validate_python(got)
+                    except ValidationError as e:
+                        first = e.errors(include_input=False, include_url=False)[0]
+                        loc = ".".join(str(x) for x in first.get("loc", ()))
+                        raise StoreError(_damaged(self.url, f"attempt {cols_[0][col.index(v)]}: column {name}"
+                                                            f"{'[' + _text(loc, 60) + ']' if loc else ''}: {_text(first.get('msg', ''), 120)}")) from None
                     memo[v] = got
                 cols_[i] = list(map(memo.__getitem__, col))
                 continue
@@ -414,6 +429,12 @@ class Store:
                     if not issubclass(t, ok):  # SQLite keeps whatever was written into a column
                         v = next(x for x in col if type(x) is t)
                         _wrong(self.url, cols_[0][col.index(v)], name, v)
+            if not _nullable(AttemptRow, name) and None in col:  # scans in C, as min() below
+                _wrong(self.url, cols_[0][col.index(None)], name, None)
+            low = _FLOORS.get(name)
+            if low is not None and min(col) < low:
+                v = next(x for x in col if x < low)
+                _wrong(self.url, cols_[0][col.index(v)], name, v)
         for _, v in absent:
             cols_.append([v] * len(rows))
         return list(map(make, zip(*cols_)))
@@ -422,12 +443,12 @@ class Store:
         rows = self._read(self._select(AttemptRow).where(AttemptRow.id == attempt_id))
         if not rows:
             raise StoreError(f"attempt {attempt_id}: no such attempt; list them with `harness trials RUN`")
-        return _attempt_record(_checked(rows[0], self.url))
+        return _attempt_record(_checked(rows[0], self.url), self.url)
 
     def samples(self, attempt_id: int) -> list[Sample]:
         rows = self._read(select(*[SampleRow.__table__.c[c] for c in _SAMPLE_COLS])
                           .where(SampleRow.attempt_id == attempt_id).order_by(SampleRow.t))
-        return [Sample.model_construct(**r) for r in rows]
+        return [_validated(Sample, r, self.url, f"a sample of attempt {attempt_id}") for r in rows]
 
     def iter_samples(self, attempt_id: int | None = None, run_id: str | None = None) -> Iterator[dict[str, Any]]:
         """Samples of one attempt or of every attempt of a run, with the attempt's identity,
@@ -438,9 +459,24 @@ class Store:
             .where(AttemptRow.id == attempt_id if attempt_id is not None else AttemptRow.run_id == run_id)
             .order_by(SampleRow.attempt_id, SampleRow.t, SampleRow.id)
         )
-        with self.session() as s:
-            for m in s.execute(q).mappings().yield_per(2000):
-                yield dict(m)
+        kinds = {**_kinds(AttemptRow), **_kinds(SampleRow)}
+        try:
+            with self.session() as s:
+                for m in s.execute(q).mappings().yield_per(2000):
+                    row = dict(m)
+                    for name, v in row.items():  # as every reader: what harness never writes is refused
+                        ok = kinds.get(name)
+                        if v is not None and ok is not None and not isinstance(v, ok):
+                            _wrong(self.url, row.get("attempt_id"), name, v)
+                    yield row
+        except OperationalError as e:
+            if _UNDECODABLE in str(e.orig):
+                raise StoreError(_damaged(self.url, _undecodable(str(e.orig)))) from None
+            raise StoreError(_explain(self.url, e)) from None
+        except (ValueError, TypeError) as e:
+            raise StoreError(_damaged(self.url, f"a stored value cannot be decoded ({type(e).__name__})")) from None
+        except SQLAlchemyError as e:
+            raise StoreError(f"database {self.url}: {_text(str(getattr(e, 'orig', e)).splitlines()[0])}") from None
 
     def counts(self, ids: list[str]) -> dict[str, tuple[int, int]]:
         """run id -> (attempts, samples)."""
@@ -460,7 +496,21 @@ _DICTS = ("state_diff", "envelope", "envelope_applied", "counters", "host_counte
 _RUN_LISTS = ("agent_cmd", "ks", "task_ids", "secrets")
 _RUN_DICTS = ("profile_json", "host", "images", "substitutions", "adjustments", "excluded", "agent_env", "upstreams", "refills")
 # values a column may hold besides its type's (a record's Literal fields)
-_ENUMS = {"verdict": ("clean", "discarded"), "outcome": ("pass", "fail", None)}
+_ENUMS = {"verdict": ("clean", "discarded"), "outcome": ("pass", "fail", None), "failure_kind": (None, *FAILURE_KINDS)}
+# whole numbers with a floor (a negative slot would index a task's slots from the end)
+_FLOORS = {"slot": 0, "attempt_no": 1}
+
+
+@functools.lru_cache(maxsize=64)
+def _adapter(field: str) -> TypeAdapter:
+    """Validates what an attempt's JSON column holds (its AttemptRecord field's type)."""
+    return TypeAdapter(AttemptRecord.model_fields[field].annotation)
+
+
+@functools.lru_cache(maxsize=256)
+def _nullable(row: Any, name: str) -> bool:
+    c = row.__table__.c.get(name)
+    return c is None or bool(c.nullable) or isinstance(c.type, JSON)
 
 
 @functools.lru_cache(maxsize=8)
@@ -485,6 +535,20 @@ def _kinds(row: Any) -> dict[str, tuple[type, ...]]:
     return out
 
 
+_UNDECODABLE = "Could not decode to UTF-8"
+
+
+def _undecodable(msg: str) -> str:
+    """The driver's 'Could not decode to UTF-8 column X with text ...' without the text."""
+    col = msg.split(" column ", 1)[1].split(" with text", 1)[0] if " column " in msg else "?"
+    return f"column {_text(col.strip(), 60)} holds bytes that are not UTF-8 text"
+
+
+def _text(s: str, limit: int = 200) -> str:
+    """A string as an error line may carry it: printable, one line, capped."""
+    return "".join(ch if ch.isprintable() else "\ufffd" for ch in s)[:limit]
+
+
 def _damaged(url: str, what: str) -> str:
     return (f"database {url}: {what[:300]} -- harness never writes that; the database was changed outside "
             "harness or is damaged (restore it from a copy, or pass another --db)")
@@ -504,8 +568,14 @@ def _checked(row: dict[str, Any], url: str, table: Any = AttemptRow) -> dict[str
         ok = kinds.get(name)
         if v is not None and ok is not None and not isinstance(v, ok):
             _wrong(url, row.get("id"), name, v, what="run" if table is RunRow else "attempt")
+    for name, v in row.items():
+        if v is None and not _nullable(table, name):
+            _wrong(url, row.get("id"), name, v, what="run" if table is RunRow else "attempt")
     if table is not AttemptRow:
         return row
+    for name, low in _FLOORS.items():
+        if isinstance(row.get(name), int) and row[name] < low:
+            _wrong(url, row.get("id"), name, row[name])
     for name, allowed in _ENUMS.items():
         if name in row and row[name] not in allowed:
             _wrong(url, row.get("id"), name, row[name], show=True)
@@ -530,19 +600,20 @@ def lean_type(fields: tuple[str, ...]) -> type:
                                          "__doc__": f"An attempt's {', '.join(fields)} (read-only)."})
 
 
-def _attempt_record(row: dict[str, Any]) -> AttemptRecord:
-    """A stored row as a record (trusted: our own rows are not validated again)."""
+def _attempt_record(row: dict[str, Any], url: str) -> AttemptRecord:
+    """A stored row as a record, validated (~20 us): a store changed outside harness is a
+    one-line StoreError here, not a traceback wherever a bad value is first used."""
     for k in _LISTS:
         if row.get(k) is None:
             row[k] = []
     for k in _DICTS:
         if row.get(k) is None:
             row[k] = {}
-    row["samples"] = []  # given, so model_construct does not inspect the default factory per row
-    return AttemptRecord.model_construct(**row)
+    row["samples"] = []
+    return _validated(AttemptRecord, row, url, f"attempt {row.get('id')}")
 
 
-def _run_record(row: dict[str, Any]) -> RunRecord:
+def _run_record(row: dict[str, Any], url: str) -> RunRecord:
     for k in _RUN_LISTS:
         if row.get(k) is None:
             row[k] = []
@@ -554,7 +625,33 @@ def _run_record(row: dict[str, Any]) -> RunRecord:
     for k in ("controller", "note", "suite_path", "artifacts_dir", "cgroup_version", "identity_hash", "image_digest", "agent_name"):
         if row.get(k) is None:
             row[k] = ""
-    return RunRecord.model_construct(**row)
+    run = _validated(RunRecord, row, url, f"run {_text(str(row.get('id')), 60)}")
+    if any(k > run.trials for k in run.ks):  # a run never fixes a k beyond its trials
+        raise StoreError(_damaged(url, f"run {_text(run.id, 60)}: ks {run.ks} exceed its {run.trials} trials"))
+    return run
+
+
+@functools.lru_cache(maxsize=8)
+def _none_ok(model: Any) -> frozenset[str]:
+    """Fields of ``model`` that may hold None (the rest take their default when a row has NULL)."""
+    return frozenset(n for n, f in model.model_fields.items()
+                     if f.annotation is Any or type(None) in typing.get_args(f.annotation) or f.annotation is type(None))
+
+
+def _validated(model: Any, row: dict[str, Any], url: str, what: str) -> Any:
+    """``model`` from a stored row: NULL in a field that cannot hold it takes the field's
+    default (a column added after the row was written); anything else harness never writes is
+    a StoreError naming the field and the kind of problem, never the stored value."""
+    ok = _none_ok(model)
+    for k in [k for k, v in row.items() if v is None and k not in ok and k in model.model_fields]:
+        if not model.model_fields[k].is_required():
+            del row[k]
+    try:
+        return model.model_validate(row)
+    except ValidationError as e:
+        first = e.errors(include_input=False, include_url=False)[0]
+        loc = ".".join(str(x) for x in first.get("loc", ())) or "?"
+        raise StoreError(_damaged(url, f"{what}: field {_text(loc, 80)}: {_text(first.get('msg', ''), 120)}")) from None
 
 
 class _Tx:
