@@ -21,6 +21,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from harness.model.errors import CheckFailed, HarnessError, InfraError, UsageError
+from harness.model.units import printable
 
 EXIT_FAIL, EXIT_USAGE, EXIT_INFRA = CheckFailed.exit_code, UsageError.exit_code, InfraError.exit_code
 
@@ -38,15 +39,13 @@ err = Console(stderr=True, width=_width(sys.stderr))
 
 # what may reach a terminal besides text: colour (SGR) sequences, which is all rich writes here
 _SGR = re.compile(r"(\x1b\[[0-9;]*m)")
-# C0 and C1 controls but newline and tab, and the bidirectional formatting characters
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def terminal_safe(text: str) -> str:
     """``text`` as it may reach a terminal: colour sequences kept, every other control
     character, escape sequence and bidi override replaced by U+FFFD."""
     parts = _SGR.split(text)
-    return "".join(p if i % 2 else _UNSAFE.sub("\ufffd", p) for i, p in enumerate(parts))
+    return "".join(p if i % 2 else printable(p) for i, p in enumerate(parts))
 
 
 class TerminalGuard:
@@ -81,7 +80,7 @@ def guard_terminal() -> None:
 
 def print_error(e: HarnessError) -> None:
     # the message may quote a stored or agent-written value: no control characters, even in a log
-    err.print(f"[bold red]error:[/] {escape(_UNSAFE.sub(chr(0xFFFD), str(e)))}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(printable(str(e)))}", highlight=False, soft_wrap=True)
 
 
 class HarnessGroup(TyperGroup):

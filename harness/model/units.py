@@ -129,6 +129,18 @@ def format_validation_error(source: str, err: ValidationError, model: Any = None
     return "\n".join(lines)
 
 
+# C0 and C1 controls but tab and newline (escape sequences), and the bidirectional formatting
+# characters that reorder what a terminal shows (U+061C, U+200E/F, U+202A-E, U+2066-9)
+TERMINAL_UNSAFE = dict.fromkeys([*range(0, 9), *range(11, 32), *range(127, 160), 0x061C, 0x200E, 0x200F,
+                                 *range(0x202A, 0x202F), *range(0x2066, 0x206A)], "\ufffd")
+
+
+def printable(s: str) -> str:
+    """Text as it may reach a terminal: control characters (escape sequences) and bidirectional
+    overrides replaced by U+FFFD; tabs and newlines kept."""
+    return s.translate(TERMINAL_UNSAFE)
+
+
 def one_line(text: str, limit: int = 60) -> str:
     """Anybody's text (a process name, a lock file) as one printable line for a notice: every
     non-printable character (terminal escapes, newlines, bidi controls) replaced, cut at ``limit``."""

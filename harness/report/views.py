@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.core.envelope import node_name
+from harness.model.units import printable
 from harness.model.units import format_size
 from harness.report.usage import CALL_ERROR_KIND, attempt_usage, call_cost_of, cost_text, errors_text, tokens_text
 
@@ -754,18 +755,6 @@ def chart(series: dict[str, Any], th: Thresholds, memory_max: int | None, width:
         lines.append(line)
     lines.append(Text(f"{'':<{label_w}}  {t[0]:.1f}s … {t[-1]:.1f}s, {len(t)} samples; bars on a 0–100% scale", style="dim"))
     return Group(*lines)
-
-
-# C0 and C1 controls (escape sequences), and the bidirectional formatting characters that
-# reorder what a terminal shows (U+061C, U+200E/F, U+202A-E, U+2066-9: "Trojan Source").
-_CONTROL = dict.fromkeys([*range(0, 9), *range(11, 32), *range(127, 160), 0x061C, 0x200E, 0x200F,
-                          *range(0x202A, 0x202F), *range(0x2066, 0x206A)], "\ufffd")
-
-
-def printable(s: str) -> str:
-    """Agent output as it may reach a terminal: control characters (escape sequences) and
-    bidirectional overrides replaced."""
-    return s.translate(_CONTROL)
 
 
 def tail_text(data: bytes | str | None, max_lines: int = 15, max_chars: int = 2000) -> str | None:

@@ -21,6 +21,7 @@ import gc
 import json
 import os
 import typing
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
@@ -34,7 +35,7 @@ from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.counters import Sample
 from harness.model.errors import StoreError, StoreLost
 from harness.model.run import RunRecord
-from harness.model.units import utcnow
+from harness.model.units import one_line, utcnow
 from harness.store.orm import AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow
 
 DEFAULT_HOME = ".harness"
@@ -186,8 +187,7 @@ class Store:
         """Rows as dicts (``tuples``: as tuples, in the statement's column order). A failure is
         a usage error for a reader (wrong --db) and the store failing under a run for a writer
         (exit 3)."""
-        err = StoreLost if self.mode == "rw" else StoreError
-        try:
+        with self._read_errors():
             if tuples:  # Core, not the ORM session: no ORM loading step per row
                 with self.engine.connect() as c:
                     res = c.execute(stmt)
@@ -196,6 +196,14 @@ class Store:
                     return res.all()
             with self.session() as s:
                 return [dict(m) for m in s.execute(stmt).mappings()]
+
+    @contextmanager
+    def _read_errors(self) -> Iterator[None]:
+        """A read's failure as one line: a usage error for a reader (wrong --db, a damaged
+        store), the store failing under a run for a writer (exit 3)."""
+        err = StoreLost if self.mode == "rw" else StoreError
+        try:
+            yield
         except OperationalError as e:
             if _UNDECODABLE in str(e.orig):
                 raise StoreError(_damaged(self.url, _undecodable(str(e.orig)))) from None
@@ -205,7 +213,7 @@ class Store:
         except self.engine.dialect.loaded_dbapi.Error as e:  # the driver's own, from the cursor's tuples
             if _UNDECODABLE in str(e):
                 raise StoreError(_damaged(self.url, _undecodable(str(e)))) from None
-            raise err(f"database {self.url}: {type(e).__name__}: {_text(str(e).splitlines()[0] if str(e) else '')}") from None
+            raise err(f"database {self.url}: {type(e).__name__}: {one_line(str(e).splitlines()[0] if str(e) else '', 200)}") from None
         except SQLAlchemyError as e:
             raise err(f"database {self.url} cannot be read ({str(getattr(e, 'orig', e)).splitlines()[0]}); "
                       "is it a harness database? pass --db or set HARNESS_DB") from None
@@ -412,7 +420,7 @@ class Store:
                         first = e.errors(include_input=False, include_url=False)[0]
                         loc = ".".join(str(x) for x in first.get("loc", ()))
                         raise StoreError(_damaged(self.url, f"attempt {cols_[0][col.index(v)]}: column {name}"
-                                                            f"{'[' + _text(loc, 60) + ']' if loc else ''}: {_text(first.get('msg', ''), 120)}")) from None
+                                                            f"{'[' + one_line(loc, 60) + ']' if loc else ''}: {one_line(first.get('msg', ''), 120)}")) from None
                     memo[v] = got
                 cols_[i] = list(map(memo.__getitem__, col))
                 continue
@@ -460,7 +468,7 @@ class Store:
             .order_by(SampleRow.attempt_id, SampleRow.t, SampleRow.id)
         )
         kinds = {**_kinds(AttemptRow), **_kinds(SampleRow)}
-        try:
+        with self._read_errors():
             with self.session() as s:
                 for m in s.execute(q).mappings().yield_per(2000):
                     row = dict(m)
@@ -469,14 +477,6 @@ class Store:
                         if v is not None and ok is not None and not isinstance(v, ok):
                             _wrong(self.url, row.get("attempt_id"), name, v)
                     yield row
-        except OperationalError as e:
-            if _UNDECODABLE in str(e.orig):
-                raise StoreError(_damaged(self.url, _undecodable(str(e.orig)))) from None
-            raise StoreError(_explain(self.url, e)) from None
-        except (ValueError, TypeError) as e:
-            raise StoreError(_damaged(self.url, f"a stored value cannot be decoded ({type(e).__name__})")) from None
-        except SQLAlchemyError as e:
-            raise StoreError(f"database {self.url}: {_text(str(getattr(e, 'orig', e)).splitlines()[0])}") from None
 
     def counts(self, ids: list[str]) -> dict[str, tuple[int, int]]:
         """run id -> (attempts, samples)."""
@@ -541,12 +541,7 @@ _UNDECODABLE = "Could not decode to UTF-8"
 def _undecodable(msg: str) -> str:
     """The driver's 'Could not decode to UTF-8 column X with text ...' without the text."""
     col = msg.split(" column ", 1)[1].split(" with text", 1)[0] if " column " in msg else "?"
-    return f"column {_text(col.strip(), 60)} holds bytes that are not UTF-8 text"
-
-
-def _text(s: str, limit: int = 200) -> str:
-    """A string as an error line may carry it: printable, one line, capped."""
-    return "".join(ch if ch.isprintable() else "\ufffd" for ch in s)[:limit]
+    return f"column {one_line(col.strip(), 60)} holds bytes that are not UTF-8 text"
 
 
 def _damaged(url: str, what: str) -> str:
@@ -625,9 +620,9 @@ def _run_record(row: dict[str, Any], url: str) -> RunRecord:
     for k in ("controller", "note", "suite_path", "artifacts_dir", "cgroup_version", "identity_hash", "image_digest", "agent_name"):
         if row.get(k) is None:
             row[k] = ""
-    run = _validated(RunRecord, row, url, f"run {_text(str(row.get('id')), 60)}")
+    run = _validated(RunRecord, row, url, f"run {one_line(str(row.get('id')), 60)}")
     if any(k > run.trials for k in run.ks):  # a run never fixes a k beyond its trials
-        raise StoreError(_damaged(url, f"run {_text(run.id, 60)}: ks {run.ks} exceed its {run.trials} trials"))
+        raise StoreError(_damaged(url, f"run {one_line(run.id, 60)}: ks {run.ks} exceed its {run.trials} trials"))
     return run
 
 
@@ -651,7 +646,7 @@ def _validated(model: Any, row: dict[str, Any], url: str, what: str) -> Any:
     except ValidationError as e:
         first = e.errors(include_input=False, include_url=False)[0]
         loc = ".".join(str(x) for x in first.get("loc", ())) or "?"
-        raise StoreError(_damaged(url, f"{what}: field {_text(loc, 80)}: {_text(first.get('msg', ''), 120)}")) from None
+        raise StoreError(_damaged(url, f"{what}: field {one_line(loc, 80)}: {one_line(first.get('msg', ''), 120)}")) from None
 
 
 class _Tx:
