@@ -110,9 +110,10 @@ def run(
         die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
     if refill_unmeasured and resume is None:
         die("--refill-unmeasured refills a stored run's unmeasured slots: give --resume RUN with it")
-    from harness.engine.runner import probe_seconds
+    from harness.engine.runner import lane_depth, probe_seconds
 
     probe_seconds()  # a bad $HARNESS_PROBE_S is a usage error before anything is stored
+    lane_depth()  # and $HARNESS_LANE_DEPTH
     otlp_url, otlp_headers = None, {}
     if otlp is not None:  # checked before anything is stored, too
         from harness.engine.otel import parse_headers, require_otel, traces_url

@@ -17,19 +17,24 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from harness.engine.scheduler import CpuPool, LeaseCancelled, pin_process
+from harness.engine.lanes import Lane, Member
+from harness.engine.scheduler import POLL_S, CpuPool, LeaseCancelled, pin_process
+from harness.model.errors import LeaseTimeout
 
 
 @dataclass(frozen=True)
 class Work:
     """One attempt to run: the slot (the driver's key), the cores it needs, and the callable
-    that runs it on a cpuset (it returns ``(result, removed, retry_remove)``)."""
+    that runs it on a cpuset (it returns ``(result, removed, retry_remove)``). ``gated`` work
+    is called ``run(cpuset, gate)`` and may share a lane (see :mod:`harness.engine.lanes`)
+    with the attempt before and after it; other work has its cores to itself."""
 
     key: Any
     cores: int
-    run: Callable[[list[int]], tuple[Any, bool, Callable[[], bool] | None]]
+    run: Callable[..., tuple[Any, bool, Callable[[], bool] | None]]
     not_before: float = 0.0  # time.monotonic() before which it must not start (a rerun's backoff)
     spec: Any = None  # what a remote executor ships instead of ``run`` (picklable; see harness.engine.node)
+    gated: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,15 +120,22 @@ class OrphanClearer:
 
 
 class LocalExecutor(Executor):
-    """``concurrency`` worker threads on this machine, each leasing exclusive cores from
-    ``pool`` per attempt. A sandbox whose removal failed keeps its cores leased (they are
-    quarantined) until a retry removes it; ``before_attempt`` runs in the worker before each
-    attempt (the driver waits there for an engine that went away); ``clear`` removes what a
-    holder that died on a core left there (see :func:`lease_clean`)."""
+    """``concurrency`` lanes of exclusive cores leased from ``pool``, each worked by ``depth``
+    threads: with depth 2, gated work overlaps the next attempt's sandbox start with this
+    one's grade and removal (never with an agent window; see :mod:`harness.engine.lanes`).
+    A sandbox whose removal failed keeps its cores leased (they are quarantined) until a
+    retry removes it; ``before_attempt`` runs in the worker before each attempt (the driver
+    waits there for an engine that went away); ``clear`` removes what a holder that died on a
+    core left there (see :func:`lease_clean`)."""
 
     def __init__(self, pool: CpuPool, concurrency: int, stop: threading.Event,
                  before_attempt: Callable[[], None] | None = None, lease_timeout: float | None = None,
-                 clear: Clear | None = None):
+                 clear: Clear | None = None, depth: int = 1):
+        if depth not in (1, 2):
+            raise ValueError("a lane holds one or two attempts")
+        self.depth = depth
+        self._lanes: list[Lane] = []
+        self._lanes_cv = threading.Condition()
         self.pool = pool
         self._clear = clear
         self.concurrency = concurrency
@@ -137,7 +149,8 @@ class LocalExecutor(Executor):
         self._busy = 0
         if pool.reserved:
             pin_process(list(pool.reserved))  # before the workers start: they inherit it
-        self._threads = [threading.Thread(target=self._worker, name=f"harness-worker-{i}", daemon=True) for i in range(concurrency)]
+        self._threads = [threading.Thread(target=self._worker, name=f"harness-worker-{i}", daemon=True)
+                         for i in range(concurrency * depth)]
         for t in self._threads:
             t.start()
 
@@ -215,7 +228,7 @@ class LocalExecutor(Executor):
                 return Done(work.key, not_started=True)
             if self._before is not None:
                 self._before()
-            cpuset = lease_clean(self.pool, work.cores, self._lease_timeout, self._stop, self._clear, self._quarantined)
+            lane, member = self._place(work)
         except LeaseCancelled:
             return Done(work.key, not_started=True)
         except BaseException as e:
@@ -223,13 +236,61 @@ class LocalExecutor(Executor):
         removed = True
         retry = None
         try:
-            result, removed, retry = work.run(cpuset)
+            if not member.wait_start(self._stop) or self._stop.is_set():
+                return Done(work.key, not_started=True)
+            result, removed, retry = work.run(lane.cpuset, member) if work.gated else work.run(lane.cpuset)
             return Done(work.key, result=result)
         except BaseException as e:  # a bug in the controller: the driver stops the run, keeps the data
             return Done(work.key, error=e)
         finally:
-            if removed or retry is None:
-                self.pool.release(cpuset)
+            member.remove_begin()  # whatever the work did not get to (a no-op after a finished attempt)
+            member.remove_end()
+            self._leave(lane, member, None if removed or retry is None else retry)
+
+    def _place(self, work: Work) -> tuple[Lane, Member]:
+        """A lane for ``work``: new cores when some are free, else a place behind the attempt
+        on a lane of the same size (gated work, depth 2), else wait for either."""
+        deadline = None if self._lease_timeout is None else time.monotonic() + self._lease_timeout
+        while True:
+            try:
+                cpuset = lease_clean(self.pool, work.cores, 0.0, self._stop, self._clear, self._quarantined)
+            except LeaseTimeout:
+                pass
             else:
-                with self._qlock:
-                    self._quarantine.append((cpuset, retry))
+                with self._lanes_cv:
+                    lane = Lane(cpuset, self._lanes_cv)
+                    lane.shared = work.gated and self.depth > 1
+                    self._lanes.append(lane)
+                    return lane, lane.join()
+            with self._lanes_cv:
+                for lane in self._lanes:
+                    if (work.gated and lane.shared and len(lane.cpuset) == work.cores
+                            and len(lane.members) < self.depth and not lane.retries):
+                        return lane, lane.join()
+                if self._stop.is_set():
+                    raise LeaseCancelled("the run stopped while waiting for cores")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LeaseTimeout("no free cores within the lease timeout (another controller holds them?); "
+                                       "wait for it, or lower --concurrency")
+                self._lanes_cv.wait(POLL_S)
+
+    def _leave(self, lane: Lane, member: Member, retry: Callable[[], bool] | None) -> None:
+        """The member is done; the lane's last member gives its cores back (or quarantines
+        them while a removal that failed has not succeeded yet)."""
+        with self._lanes_cv:
+            lane.members.remove(member)
+            if retry is not None:
+                lane.retries.append(retry)
+            last = not lane.members
+            if last:
+                self._lanes.remove(lane)
+            else:
+                self._lanes_cv.notify_all()
+                return
+        if not lane.retries:
+            self.pool.release(lane.cpuset)
+        else:
+            with self._qlock:
+                self._quarantine.append((lane.cpuset, lambda rs=list(lane.retries): all([r() for r in rs])))
+        with self._lanes_cv:
+            self._lanes_cv.notify_all()  # a worker waiting for cores looks again

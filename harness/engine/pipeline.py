@@ -30,6 +30,7 @@ from harness.core.envelope import PAGE
 from harness.core.sla import judge
 from harness.core.upstream import summarize
 from harness.engine.events import EventSink
+from harness.engine.lanes import OPEN
 from harness.model.attempt import COUNTER_COLUMNS, AttemptRecord
 from harness.model.grade import MAX_VERDICT_BYTES, GradeResult
 from harness.model.profile import Profile
@@ -69,6 +70,7 @@ class AttemptJob:
     redact: dict[str, str] = field(default_factory=dict, repr=False)  # secret value -> its name (never written)
     node: dict[str, Any] = field(default_factory=dict)  # the machine it runs on (stamped on the record)
     notes: tuple[str, ...] = ()  # what the executor did before it started (leftovers removed from its cores)
+    gate: Any = field(default=None, repr=False, compare=False)  # its lane's gate (harness.engine.lanes); None: alone on its cores
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class _Attempt:
         self.root_dirs: list[str] = []  # state paths that are directories of a writable root
         self.t_start = time.monotonic()
         self.token: str | None = None  # this attempt's gateway token while it is registered
+        self.gate = job.gate if job.gate is not None else OPEN
 
     # -- the whole attempt -----------------------------------------------------
     def run(self) -> AttemptOutput:
@@ -180,6 +183,11 @@ class _Attempt:
             record = self._finish()
         sb = self.sb
         return AttemptOutput(record=record, removed=removed, retry_remove=None if removed or sb is None else sb.remove)
+
+    def _waited(self, t0: float) -> None:
+        """A wait on the lane longer than a millisecond is a phase of its own ("lane")."""
+        if time.monotonic() - t0 > 1e-3:
+            self._phase("lane", t0)
 
     def _phase(self, name: str, t0: float) -> None:
         j = self.job
@@ -332,6 +340,7 @@ class _Attempt:
             return
         finally:
             self._phase("sandbox", t)
+            self.gate.started()
         ctx.started = True
         d.f["container"] = sb.name
         if self.p.stop.is_set():
@@ -344,6 +353,12 @@ class _Attempt:
             if applied is not None:
                 d.f["memory_max"], d.f["pids_max"] = applied.memory_max, applied.pids_max
         d.f["envelope_notes"] = list(getattr(sb, "notes", []))
+        t = time.monotonic()
+        ok = self.gate.work(self.p.stop)  # the attempt before it on these cores finishes grading first
+        self._waited(t)
+        if not ok:
+            ctx.infra = "the controller was stopped before the agent started"
+            return
         if not self._setup(inputs):
             return
         if not self._agent(inputs):
@@ -419,9 +434,15 @@ class _Attempt:
     def _agent(self, inputs: Any) -> bool:
         job, d, ctx, sb = self.job, self.d, self.ctx, self.sb
         t = time.monotonic()
-        m = sb.measured_exec(list(job.agent_cmd or job.run.agent_cmd), timeout=job.profile.timeouts.agent, env=self._agent_env(inputs),
-                             workdir=job.task.sandbox.workdir or None, also=list(self.services.values()))
-        self._phase("agent", t)
+        with self.gate.agent(self.p.stop) as ok:  # opens once no sandbox on these cores is starting or being removed
+            self._waited(t)
+            if not ok:
+                ctx.infra = "the controller was stopped before the agent started"
+                return False
+            t = time.monotonic()
+            m = sb.measured_exec(list(job.agent_cmd or job.run.agent_cmd), timeout=job.profile.timeouts.agent, env=self._agent_env(inputs),
+                                 workdir=job.task.sandbox.workdir or None, also=list(self.services.values()))
+            self._phase("agent", t)
         self._gateway_close()
         ctx.exec_res, ctx.counters, ctx.host = m.result, m.counters, m.host
         d.f["samples"] = list(m.samples)
@@ -648,6 +669,13 @@ class _Attempt:
 
     def _down(self) -> bool:
         """Remove the sandbox, the services, the separate verifier and the network."""
+        self.gate.remove_begin()  # the next attempt on these cores may set up now; its agent waits for this removal
+        try:
+            return self._remove_all()
+        finally:
+            self.gate.remove_end()
+
+    def _remove_all(self) -> bool:
         removed = True
         t = time.monotonic()
         self._gateway_close()

@@ -1,7 +1,7 @@
 """``harness run``: the driver. Plans task x trial slots, hands attempts to an executor,
 judges what comes back, reruns discarded slots (bounded), and stores every record.
 
-    plan (validated before anything is written) -> executor (exclusive cores per attempt)
+    plan (validated before anything is written) -> executor (exclusive cores per lane of attempts)
       -> attempt pipeline (engine.pipeline) -> record -> store (one transaction each)
       -> clean: slot done | discarded: rerun the slot, or unmeasured once its budget is spent
 
@@ -226,7 +226,8 @@ class Runner:
         if agents.builtin(agent_cmd) is None:
             for img in sorted({prep.images[t.id] for t in prep.tasks}):
                 user = next((t.sandbox.user for t in prep.tasks if prep.images[t.id] == img and t.sandbox.user), None)
-                _check_agent_command(DockerBackend(client), img, image_identity(client, img)[0], agent_cmd[0], profile, user)
+                _check_agent_command(DockerBackend(client), img, image_identity(client, img)[0], agent_cmd[0], profile, user,
+                                     list(pool.reserved))
         facts = hoststats.host_facts()
         nodes: dict[str, dict[str, Any]] = {}
         ray_address = ""
@@ -430,7 +431,8 @@ class Runner:
     def _make_executor(self, sink: Fanout) -> Executor:
         if self.run.executor != "ray":
             self._local_node = node_facts(self.client, "")
-            return LocalExecutor(self.pool, self.run.concurrency, self._stop, before_attempt=self._engine_gate, clear=self._clearer)
+            return LocalExecutor(self.pool, self.run.concurrency, self._stop, before_attempt=self._engine_gate, clear=self._clearer,
+                                 depth=lane_depth())
         from harness.engine.ray_executor import RayExecutor
 
         def started(work: Work, info: dict[str, Any]) -> None:
@@ -554,7 +556,7 @@ class Runner:
         attempt_no = st.attempts
         me = controller_id()
 
-        def run(cpuset: list[int]) -> tuple[AttemptRecord, bool, Any]:
+        def run(cpuset: list[int], gate: Any = None) -> tuple[AttemptRecord, bool, Any]:
             with self._count_lock:
                 self._in_flight += 1
                 beside = self._in_flight
@@ -565,7 +567,7 @@ class Runner:
                                  artifacts=self.artifacts / st.task_id / f"slot{st.slot}-attempt{attempt_no}",
                                  image=self.prepared.images[task.id], agent_cmd=agent_cmd, trees=trees,
                                  requested=self.prepared.requested.get(task.id, {}), redact=self.gateway_plan.redact,
-                                 node=self._local_node or {}, notes=tuple(self._clearer.notes(cpuset)))
+                                 node=self._local_node or {}, notes=tuple(self._clearer.notes(cpuset)), gate=gate)
                 pipeline.events.attempt_started(self.run.id, st.task_id, st.slot, attempt_no, cpuset)
                 out = pipeline.run(job)
                 return out.record, out.removed, out.retry_remove
@@ -581,7 +583,7 @@ class Runner:
             spec = RemoteAttempt(job=job, cores=profile.cores, rel=f"{st.task_id}/slot{st.slot}-attempt{attempt_no}",
                                  reserve=self.reserve, budget_s=attempt_budget(profile))
             self._submitted[(st.task_id, st.slot, attempt_no)] = utcnow()
-        return Work(key=st, cores=profile.cores, run=run, not_before=time.monotonic() + delay if delay else 0.0, spec=spec)
+        return Work(key=st, cores=profile.cores, run=run, not_before=time.monotonic() + delay if delay else 0.0, spec=spec, gated=True)
 
     def _settle(self, st: SlotState, rec: AttemptRecord) -> AttemptRecord:
         """Outcome policy applied by the driver: an attempt the controller cut short by
@@ -793,6 +795,16 @@ def probe_seconds() -> float:
     return v
 
 
+def lane_depth() -> int:
+    """$HARNESS_LANE_DEPTH: attempts per lane of cores (default 2: the next attempt starts its
+    sandbox while the one before grades and is removed, never during an agent window, see
+    harness.engine.lanes; 1: one attempt at a time per lane, nothing overlapped)."""
+    text = os.environ.get("HARNESS_LANE_DEPTH", "2")
+    if text.strip() not in ("1", "2"):
+        raise RunError(f"HARNESS_LANE_DEPTH={text!r}: attempts per lane of cores, 1 (none overlapped) or 2 (the default)")
+    return int(text)
+
+
 def refill_plan(run: RunRecord, attempts: list[AttemptRecord]) -> tuple[dict[str, int], list[str]]:
     """(slots to refill: "task/slot" -> their last attempt number, unmeasured slots kept as they
     are: an envelope rule or a dead controller discarded them, or they were refilled once
@@ -877,7 +889,7 @@ def _run_image(client: Any, suite: Suite, prep: Prepared, agent_image: str | Non
 
 
 def _check_agent_command(backend: DockerBackend, image: str, image_id: str, command: str, profile: Profile,
-                         user: str | None = None) -> None:
+                         user: str | None = None, cpus: list[int] | None = None) -> None:
     """Refuse a run whose agent command is not in its image. An image never changes under
     its id, so a command found once in it is not probed again (a file per image, command
     and uid under HARNESS_HOME/checked)."""
@@ -885,7 +897,7 @@ def _check_agent_command(backend: DockerBackend, image: str, image_id: str, comm
     mark = harness_home() / "checked" / key
     if mark.exists():
         return
-    why = backend.check_command(image, command, profile, user)
+    why = backend.check_command(image, command, profile, user, cpus)
     if why:
         raise RunError(why)
     try:

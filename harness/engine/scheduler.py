@@ -1,4 +1,6 @@
-"""Exclusive cpuset leases: never two attempts on one core, cores reserved for the controller.
+"""Exclusive cpuset leases: cores reserved for the controller, each other core leased to one lane
+(harness.engine.lanes: at most two attempts of one run in sequence, never overlapping an agent
+window) and to no other controller.
 
 The pool is built from the CPUs this process may use (``os.sched_getaffinity``) minus the
 reserved ones; each attempt leases ``cores`` of them and gives them back when its container
@@ -209,14 +211,14 @@ class CpuPool:
                         self._leased.add(c)
                     self.peak_in_use = max(self.peak_in_use, len(self._leased))
                     return got
-            # other controllers hold too many of the free cores: wait for them, then try again
-            self._check(deadline, stop)
+            # other controllers hold too many of the free cores: say so, wait for them, then try again
             if self.on_wait is not None:
                 held = self.holders(sorted(self._free))
                 line = "waiting for " + "; ".join(f"core {c} held by {h}" for c, h in sorted(held.items()))
                 if held and (line != self._wait_line or time.monotonic() - self._waited > WAIT_NOTICE_S):
                     self._waited, self._wait_line = time.monotonic(), line
                     self.on_wait(line)
+            self._check(deadline, stop)
             time.sleep(POLL_S * 4)
 
     def _check(self, deadline: float | None, stop: threading.Event | None) -> None:

@@ -107,13 +107,17 @@ class DockerBackend(SandboxBackend):
         except Exception:
             return False
 
-    def check_command(self, image: str, command: str, profile: Any, user: str | None = None) -> str | None:
+    def check_command(self, image: str, command: str, profile: Any, user: str | None = None,
+                      cpus: list[int] | None = None) -> str | None:
+        """Why ``command`` is not an executable on the image's PATH, or None. The probe runs on
+        ``cpus`` (the controller's reserved cores), never where trials are measured."""
         probe = 'p=$(command -v -- "$1") && [ -f "$p" ] && [ -x "$p" ]'
         c = None
         who = user or profile.user
         try:
             c = self.client.containers.run(
                 image, ["sh", "-c", probe, "sh", command], detach=True, user=who, working_dir="/",
+                cpuset_cpus=",".join(map(str, cpus)) if cpus else None,
                 network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=[seccomp.security_opt(), "no-new-privileges"],
                 mem_limit=profile.memory, pids_limit=64, log_config={"type": "none"}, labels=_labels(),
             )
