@@ -280,3 +280,21 @@ def test_an_agent_that_exits_127_fast_is_graded_not_excused(docker_client, tmp_p
     assert r.returncode == 0, r.stderr
     (a,) = Store.open(db_url(tmp_path), mode="ro").attempts(json.loads(r.stdout)["run_id"])
     assert a.verdict == "clean" and a.outcome == "fail" and a.failure_kind == "crashed" and a.exit_code == 127, (a.reasons, a.error)
+
+
+def test_a_run_that_fails_before_its_first_attempt_is_not_left_running(docker_client, tmp_path, monkeypatch):
+    """The engine failing in the start-up sweep (a container another controller removed
+    between the listing and its inspect, an engine that went away) was a traceback, and the
+    stored run stayed 'running' with its controller gone. Now it is one EngineError and the
+    run is 'failed' (resumable). The engine here really is unreachable: a port nobody serves."""
+    import docker
+
+    from harness.engine.runner import RunOptions, Runner
+    from harness.model.errors import EngineError
+
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "home"))
+    runner = Runner.plan(RunOptions(suite=PROBE, trials=1, ks=[1]), db=db_url(tmp_path))
+    runner.backend.client = docker.DockerClient(base_url="tcp://127.0.0.1:9", version="1.41", timeout=5)  # the discard port: nothing listens
+    with pytest.raises(EngineError, match="dead controllers left behind"):
+        runner.execute()
+    assert Store.open(db_url(tmp_path), mode="ro").get_run(runner.run.id).status == "failed"

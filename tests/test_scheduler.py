@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -9,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import missing
 from harness.engine.scheduler import CpuPool
 from harness.model.errors import SchedulerError
 
@@ -77,3 +79,52 @@ def test_a_core_leased_by_another_process_waits(tmp_path, monkeypatch):
     other.wait()
     assert got == [1]
     assert waited > 0.8, "the lease must wait until the other controller releases core 1"
+
+
+PIN_PROBE = ("import os, sys; sys.argv = ['harness', *sys.argv[1:]]; from harness.cli import _keep_off_trial_cores; "
+             "_keep_off_trial_cores(); print(','.join(map(str, sorted(os.sched_getaffinity(0)))))")
+
+
+@pytest.mark.parametrize("argv,pinned", [(["report", "last"], True), (["--help"], True), (["run", "--suite", "x"], False)])
+def test_harness_commands_keep_off_the_trial_cores(argv, pinned):
+    """A report or an image build running beside a run used to land on its trial core (foreign
+    CPU there, discarded attempts); every command but `run` (which pins by --reserve-cores)
+    now runs on the cores a run reserves for its controller."""
+    cpus = sorted(range(os.cpu_count() or 1))  # the machine's, whatever this test process was pinned to
+    if len(cpus) < 2:
+        missing("needs two cores: with one nothing is reserved (CI/HARNESS_REQUIRE_DOCKER machines have two)")
+    out = subprocess.run([sys.executable, "-c", PIN_PROBE, *argv], capture_output=True, text=True, check=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, cpus)).stdout.strip()
+    assert out == (str(cpus[0]) if pinned else ",".join(map(str, cpus)))
+
+
+def test_a_pinned_controller_still_sees_the_machines_cores():
+    """Pinning a process to its reserved cores used to shrink what it read as the machine: a
+    command pinned at start planned a run on one core (trials beside the controller)."""
+    code = ("import os; from harness.engine.scheduler import CpuPool, pin_process; pin_process([0]); "
+            "p = CpuPool.for_host(); print(sorted(os.sched_getaffinity(0)), p.cpus, p.reserved)")
+    cpus = sorted(range(os.cpu_count() or 1))
+    if len(cpus) < 2:
+        missing("needs two cores (CI/HARNESS_REQUIRE_DOCKER machines have two)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, cpus)).stdout.strip()
+    assert out == f"[0] {cpus} [0]"
+
+
+def test_a_command_called_in_process_never_pins_its_host(tmp_path):
+    """`harness run` pins its own process to the reserved cores; called in-process (a test, a
+    notebook) it used to pin the host process, and every run that process started afterwards
+    inherited one core and planned its trials there, beside the controller."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    cpus = set(range(os.cpu_count() or 1))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        r = CliRunner().invoke(app, ["run", "--suite", str(tmp_path / "no-such-suite"), "--db", f"sqlite:///{tmp_path / 'h.db'}"])
+        assert r.exit_code == 2, r.output
+        assert os.sched_getaffinity(0) == cpus
+    finally:
+        os.sched_setaffinity(0, before)

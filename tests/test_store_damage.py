@@ -7,6 +7,7 @@ it is being written, a gate's advice for slots not run yet."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -113,6 +114,24 @@ def test_deeper_damage_is_one_line_too(tmp_path, table, column, sql):
             failed.add(cmd[0])
     # the commands that read the damaged table say so
     assert failed >= ({"samples", "show"} if table == "samples" else {"report", "trials"}), failed
+
+
+def test_samples_jsonl_is_json_whatever_the_store_holds(tmp_path):
+    """A float column holding inf or NaN (SQLite keeps what it is given) came out as the
+    non-JSON Infinity / NaN; such a value is now null (and empty in CSV)."""
+    url = make_store_with_samples(tmp_path)
+    c = sqlite3.connect(url.removeprefix("sqlite:///"))
+    c.execute("UPDATE samples SET t = 9e999 WHERE id = 1")
+    c.execute("UPDATE samples SET t = -9e999 WHERE id = 2")
+    c.commit()
+    c.close()
+    res = runner.invoke(app, ["samples", "1", "--jsonl", "--db", url])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line, parse_constant=lambda x: pytest.fail(f"non-JSON {x}")) for line in res.stdout.splitlines()]
+    ts = [r["t"] for r in rows]
+    assert len(ts) == 3 and ts.count(None) == 2 and [t for t in ts if t is not None] == [pytest.approx(0.6)]
+    res = runner.invoke(app, ["samples", "1", "--db", url])
+    assert res.exit_code == 0 and "inf" not in res.stdout.lower()
 
 
 def test_terminal_output_carries_text_and_colour_only(tmp_path):
@@ -231,3 +250,53 @@ def test_a_gate_advises_resume_for_slots_not_run_and_refill_for_spent_ones():
     assert "1 spent their rerun budget" in both.message and "--refill-unmeasured" in both.message
     assert "1 have slots not run yet" in both.message
     assert check_measured([fine]) is None
+
+
+def test_markdown_shows_an_agents_words_as_text(tmp_path):
+    """Text from outside (a foreign task's id, a note, an error line) reaches a report pasted
+    as a PR comment: an image there is fetched by every viewer (a tracking pixel), a link or
+    tag is live, an @name notifies that user, a | splits the table. All of it is shown as
+    the characters it is."""
+    url = make_store(tmp_path)
+    evil = "![p](http://evil.example/p.png) <img src=x> [ok](javascript:alert(1)) @octocat `x` a|b\nnext"
+    c = sqlite3.connect(url.removeprefix("sqlite:///"))
+    c.execute("UPDATE attempts SET task_id = ?, outcome = 'fail', failure_kind = 'wrong_state'", (evil,))
+    c.execute("UPDATE runs SET note = ?, task_ids = ?", (evil, json.dumps([evil])))
+    c.commit()
+    c.close()
+    res = runner.invoke(app, ["report", "r1", "--format", "markdown", "--db", url])
+    assert res.exit_code == 0, res.output
+    md = res.stdout
+    assert "octocat" in md and "evil.example" in md  # shown, not dropped
+    for live in ("![", "<img", " @octocat", "`x`", "a|b", "\nnext"):
+        assert live not in md, live
+    assert not re.search(r"(?<!\\)\]\(", md), "a live link"
+    rows = [line for line in md.splitlines() if "octocat" in line and line.startswith("|")]
+    header = next(line for line in md.splitlines()[md.splitlines().index(rows[0]) - 5:] if line.startswith("| "))
+    assert rows and all(r.replace("\\|", "").count("|") == header.count("|") for r in rows)
+
+
+def test_an_attempt_of_no_slot_is_named_never_dropped_silently(tmp_path):
+    """An attempt whose slot is beyond the run's trials, or whose task the run does not
+    have, was left out of every figure without a word; the report now says so."""
+    url = make_store(tmp_path)
+    c = sqlite3.connect(url.removeprefix("sqlite:///"))
+    c.execute("UPDATE attempts SET slot = 7 WHERE slot = 1")
+    c.commit()
+    c.close()
+    res = runner.invoke(app, ["report", "r1", "--format", "json", "--db", url])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    assert rep["warnings"][0].startswith("1 stored attempt(s) belong to no slot of this run") and "slot 7" in rep["warnings"][0]
+    assert [t["n"] for t in rep["tasks"]] == [1]  # the stray is not scored
+
+
+def test_show_prints_the_phases_with_the_lane_waits(tmp_path):
+    url = make_store(tmp_path)
+    phases = [{"name": "sandbox", "start_s": 0.0, "wall_s": 0.171}, {"name": "lane", "start_s": 0.171, "wall_s": 0.02},
+              {"name": "agent", "start_s": "x", "wall_s": None}]
+    tamper(url, "attempts", "phases", json.dumps(phases))
+    res = runner.invoke(app, ["show", "1", "--db", url])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.stdout.splitlines() if "phases" in x)
+    assert "sandbox +0.00 0.17s · lane +0.17 0.02s · agent +? ?s" in line

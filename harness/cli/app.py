@@ -116,6 +116,17 @@ images_app = typer.Typer(help="Build the images offline (base from Debian, then 
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(images_app, name="images")
 
+_owner = {"process": False}  # set by the console script (harness.cli.main): the process is harness's own to pin
+
+
+def own_process() -> None:
+    _owner["process"] = True
+
+
+def owns_process() -> bool:
+    """Was harness started as its own process (not a command called in-process by a test)?"""
+    return _owner["process"]
+
 DB_HELP = "Database URL (SQLAlchemy), default sqlite:///.harness/harness.db or $HARNESS_DB."
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -48,7 +49,7 @@ from harness.report.views import (
     trial_row,
     upstream_lines,
 )
-from harness.model.units import format_size
+from harness.model.units import format_size, one_line
 from harness.report.artifacts import ARTIFACT_FILES, OPTIONAL_FILES, read_artifacts
 from harness.report.usage import attempt_usage
 
@@ -178,6 +179,20 @@ def _attempt_dict(a: Any) -> dict[str, Any]:
     return a.model_dump(mode="json")
 
 
+def _phases_text(phases: list[dict[str, Any]]) -> str:
+    """The attempt's phases in order, each at its start (s after the attempt began) and for how
+    long: "sandbox +0.00 0.17s · lane +0.17 0.02s · setup ...". A `lane` phase is a wait for the
+    attempt before it on the same cores."""
+    if not phases:
+        return "- (not recorded: an older record)"
+
+    def secs(v: Any) -> str:  # whatever the store holds (a record changed outside harness)
+        return f"{v:.2f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
+
+    return " · ".join(f"{one_line(str(p.get('name', '?')), 24)} +{secs(p.get('start_s'))} {secs(p.get('wall_s'))}s"
+                      for p in phases if isinstance(p, dict))
+
+
 def show(
     attempt: str = typer.Argument(..., help="Attempt id (see `harness trials RUN`)."),
     json_out: bool = typer.Option(False, "--json", help="The whole record as one JSON document."),
@@ -280,6 +295,7 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dic
         ("beside it", concurrent),
         ("started / finished", f"{a.started_at:%Y-%m-%d %H:%M:%S} / {a.finished_at:%H:%M:%S} UTC"),
         ("wall / agent / setup / grade", " / ".join("-" if v is None else f"{v:.2f}s" for v in (a.wall_s, a.agent_wall_s, a.setup_wall_s, a.grade_wall_s))),
+        ("phases", _phases_text(a.phases or [])),
         ("artifacts", a.artifacts or "-"),
     ]))
 
@@ -514,7 +530,9 @@ def samples(
     def rows() -> Iterator[dict[str, Any]]:
         for m in found:
             d = {"attempt_id": m["attempt_id"], "run_id": m["run_id"], "task": m["task_id"], "slot": m["slot"], "attempt": m["attempt_no"]}
-            d.update({k: m[k] for k in SAMPLE_COLUMNS})
+            # a value that is not a finite number (a store changed outside harness) is empty,
+            # never the non-JSON Infinity / NaN
+            d.update({k: None if isinstance(m[k], float) and not math.isfinite(m[k]) else m[k] for k in SAMPLE_COLUMNS})
             yield d
 
     try:

@@ -114,6 +114,7 @@ def run(
 
     probe_seconds()  # a bad $HARNESS_PROBE_S is a usage error before anything is stored
     lane_depth()  # and $HARNESS_LANE_DEPTH
+    _keep_to_reserved(reserve_cores)
     otlp_url, otlp_headers = None, {}
     if otlp is not None:  # checked before anything is stored, too
         from harness.engine.otel import parse_headers, require_otel, traces_url
@@ -309,9 +310,15 @@ def print_summary(s: dict[str, Any]) -> None:
         t.add_row(*cells)
     console.print(t)
     m = s["metrics"]
-    parts = [f"pass@1 {_fmt(m.get('pass@1'))}"] + [f"pass@{k} {_fmt(m.get(f'pass@{k}'))}" for k in ks if k > 1]
-    parts += [f"pass^{k} {_fmt(m.get(f'pass^{k}'))}" for k in ks if k > 1]
-    console.print("[bold]suite[/] (mean over tasks): " + "   ".join(parts), highlight=False)
+    out = s.get("excluded") or {}
+    n_tasks = len(s["tasks"])
+
+    def fig(key: str) -> str:  # a mean over fewer tasks than the suite has says over how many, in place
+        left = len(out.get(key) or [])
+        return f"{key} {_fmt(m.get(key))}" + (f" [yellow]({n_tasks - left}/{n_tasks} tasks)[/]" if left and m.get(key) is not None else "")
+
+    keys = ["pass@1"] + [f"pass@{k}" for k in ks if k > 1] + [f"pass^{k}" for k in ks if k > 1]
+    console.print("[bold]suite[/] (mean over tasks): " + "   ".join(fig(k) for k in keys), highlight=False)
     a = s["attempts"]
     line = f"attempts {a['total']}: clean {a['clean']}, discarded {a['discarded']}"
     if s["discard_reasons"]:
@@ -330,6 +337,24 @@ def print_summary(s: dict[str, Any]) -> None:
     if s.get("excluded"):
         for key, tasks in s["excluded"].items():
             console.print(f"[yellow]{key}[/]: {len(tasks)} task(s) with fewer than k clean trials left out: {', '.join(tasks)}")
+
+
+def _keep_to_reserved(reserve_cores: int | None) -> None:
+    """From the start (planning, image builds, the agent-command check), the controller runs on
+    its reserved cores, never on the trial cores another run may be measuring on now. Only
+    when harness owns the process (the console script), never a process that called the
+    command in-process (a test, a notebook: its children would inherit the pin). A bad
+    --reserve-cores is left for the plan to refuse."""
+    from harness.cli.app import owns_process
+    from harness.engine.scheduler import CpuPool, pin_process
+    from harness.model.errors import SchedulerError
+
+    if not owns_process():
+        return
+    try:
+        pin_process(list(CpuPool.for_host(reserve=reserve_cores).reserved))
+    except SchedulerError:
+        pass
 
 
 def runs(

@@ -272,7 +272,7 @@ class LocalExecutor(Executor):
                 if deadline is not None and time.monotonic() >= deadline:
                     raise LeaseTimeout("no free cores within the lease timeout (another controller holds them?); "
                                        "wait for it, or lower --concurrency")
-                self._lanes_cv.wait(POLL_S)
+                self._lanes_cv.wait(POLL_S * 4)  # a release here notifies at once; one elsewhere is polled for
 
     def _leave(self, lane: Lane, member: Member, retry: Callable[[], bool] | None) -> None:
         """The member is done; the lane's last member gives its cores back (or quarantines

@@ -343,8 +343,20 @@ class Runner:
         self._networks_up()  # before anything is stored: a gateway that cannot start writes nothing
         try:
             return self._execute(sink)
+        except BaseException as e:
+            self._mark_ended(e)
+            raise
         finally:
             self._networks_down()
+
+    def _mark_ended(self, e: BaseException) -> None:
+        """A run whose controller stops on an error or Ctrl-C never stays 'running' in the store
+        (resumable as before: --resume takes any run not complete)."""
+        try:
+            if self.store.get_run(self.run.id).status == "running":
+                self.store.set_run_status(self.run.id, "interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+        except Exception:
+            pass  # never stored, or the store is what failed
 
     def _execute(self, sink: Fanout) -> Progress:
         me = controller_id()

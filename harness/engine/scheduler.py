@@ -98,9 +98,15 @@ def _open_lock_file(dir_fd: int, d: Path, name: str) -> int:
     return fd
 
 
+# the CPUs this process could run on when it started (taskset, a container's cpuset), before
+# pin_process() kept it to its reserved cores: what the trials may use is read from this
+_START_CPUS = sorted(os.sched_getaffinity(0))
+
+
 def allowed_cpus() -> list[int]:
-    """CPUs this process may run on (honours taskset / container cpusets)."""
-    return sorted(os.sched_getaffinity(0))
+    """CPUs this process may run on (honours taskset / container cpusets), as it started:
+    pinning the controller to its reserved cores does not shrink the machine."""
+    return list(_START_CPUS)
 
 
 def default_reserved(cpus: list[int]) -> int:

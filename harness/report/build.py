@@ -33,6 +33,7 @@ from harness.core.estimator import (
 from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.report import REPORT_SCHEMA, Report
 from harness.model.run import RunRecord
+from harness.model.units import one_line
 from harness.report.usage import discard_scopes, unpriced_models, usage_of
 
 CONF = 0.95
@@ -418,6 +419,12 @@ def build_report(
                         + "; ".join(nodes["differ"]) + "): the figures mix environments")
     if late:
         warnings.append(f"{late} record(s) of attempts presumed lost arrived late; kept as evidence, never scored")
+    tids = set(run.task_ids)
+    strays = [a for a in attempts if a.task_id not in tids or a.slot >= run.trials]
+    if strays:  # harness never writes them: a store changed outside it, or two runs mixed
+        first = strays[0]
+        warnings.insert(0, f"{len(strays)} stored attempt(s) belong to no slot of this run (a task it does not have or a slot "
+                           f"beyond its {run.trials} trials; e.g. task {one_line(first.task_id, 60)!r} slot {first.slot}): kept, never scored")
 
     return Report.model_validate({
         "schema": REPORT_SCHEMA,

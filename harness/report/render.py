@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html as _html
 import json
+import re
 import xml.etree.ElementTree as ET
 from typing import Any, Sequence
 
@@ -44,18 +45,25 @@ def _rich_marks(s: str) -> Any:
     return t
 
 
-def _md_cell(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+# what Markdown would act on in text a report carries (an agent's words among it): HTML tags,
+# links and images (a viewer fetches an image: a tracking pixel), code spans, @mentions (a PR
+# comment notifies whoever is named), escapes; all shown as the characters they are
+_MD_ACTIVE = re.compile(r"[<>\[\]`\\|]|(?<![\w.+-])@")
+_MD_AS = {"<": "&lt;", ">": "&gt;", "@": "&#64;"}
+
+
+def _md_text(s: str) -> str:
+    return _MD_ACTIVE.sub(lambda m: _MD_AS.get(m.group(), "\\" + m.group()), s.replace("\r", " ").replace("\n", " "))
 
 
 def _md_table(b: TableBlock) -> list[str]:
     if not any(b.columns):  # key/value block: a list reads better than a headerless table
-        return [f"- **{_md_cell(row[0])}**: {_md_cell(' · '.join(row[1:]))}" for row in b.rows]
+        return [f"- **{_md_text(row[0])}**: {_md_text(' · '.join(row[1:]))}" for row in b.rows]
     cols = b.columns
-    out = ["| " + " | ".join(_md_cell(c) for c in cols) + " |"]
+    out = ["| " + " | ".join(_md_text(c) for c in cols) + " |"]
     out.append("|" + "|".join("---:" if a == "r" else ":---" for a in b.aligns()) + "|")
     for row in b.rows:
-        cells = [_md_cell(c) for c in row]
+        cells = [_md_text(c) for c in row]
         for i in b.marks_cols:
             cells[i] = f"`{row[i]}`"
         out.append("| " + " | ".join(cells) + " |")
@@ -96,11 +104,11 @@ def render_markdown(report: dict[str, Any]) -> str:
                 lines += _md_table(b) + [""]
             elif isinstance(b, TextBlock):
                 if b.style == "warn":
-                    lines += ["\n>\n".join(f"> ⚠️ {x}" for x in b.lines), ""]
+                    lines += ["\n>\n".join(f"> ⚠️ {_md_text(x)}" for x in b.lines), ""]
                 elif b.style == "muted":
-                    lines += [f"<sub>{_html.escape(x, quote=False)}</sub>" for x in b.lines] + [""]
+                    lines += [f"<sub>{_md_text(x)}</sub>" for x in b.lines] + [""]
                 else:
-                    lines += [f"- {x}" for x in b.lines] + [""]
+                    lines += [f"- {_md_text(x)}" for x in b.lines] + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 

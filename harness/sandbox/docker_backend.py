@@ -65,8 +65,12 @@ class DockerBackend(SandboxBackend):
         return DockerNetwork(self.client, labels)
 
     def sweep_dead_owners(self) -> list[str]:
-        removed = sweep_containers(self.client, only_dead_owners=True)
-        removed += sweep_networks(self.client, only_dead_owners=True)
+        try:
+            removed = sweep_containers(self.client, only_dead_owners=True)
+            removed += sweep_networks(self.client, only_dead_owners=True)
+        except (docker.errors.DockerException, requests.RequestException, OSError) as e:
+            raise EngineError(f"the engine failed while removing what dead controllers left behind: {str(e)[:200]}; "
+                              "check it with `harness doctor`") from None
         if self.inputs_root is not None:
             removed += sweep_input_folders(self.inputs_root.resolve())
         return removed
@@ -173,7 +177,8 @@ def _remove_where(client: docker.DockerClient, filters: dict, which: Any, keep_g
     """Remove the containers matching ``filters`` whose labels ``which`` accepts: (names
     removed, whether one could not be). With ``keep_going`` False an engine error is raised."""
     removed, left = [], False
-    for c in client.containers.list(all=True, filters=filters):
+    # ignore_removed: another controller may remove a listed container before it is inspected
+    for c in client.containers.list(all=True, filters=filters, ignore_removed=True):
         if not which(c.labels):
             continue
         try:
@@ -218,7 +223,7 @@ def sweep_unowned(client: docker.DockerClient, run_id: str) -> list[str]:
     removal that failed while the engine was restarting). Live sandboxes are left alone."""
     removed = []
     try:
-        found = client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"{LABEL_RUN}={run_id}"]})
+        found = client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"{LABEL_RUN}={run_id}"]}, ignore_removed=True)
     except Exception:
         return removed
     live = LIVE.names()

@@ -426,8 +426,8 @@ def build_all(
 def list_images(client: docker.DockerClient) -> list[tuple[str, str, int | None, str]]:
     """(tag, short id, size, inputs hash) of every harness/* image present."""
     out = []
-    for img in client.images.list():
-        for tag in img.tags:
+    for img in client.api.images():  # the list itself: images.list() inspects each, and one removed meanwhile is a 404
+        for tag in img.get("RepoTags") or []:
             if tag.startswith("harness/"):
-                out.append((tag, img.short_id.split(":")[1], img.attrs.get("Size"), (img.labels or {}).get(INPUTS_LABEL, "-")))
+                out.append((tag, str(img.get("Id", "")).split(":")[-1][:12], img.get("Size"), (img.get("Labels") or {}).get(INPUTS_LABEL, "-")))
     return out
