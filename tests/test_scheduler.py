@@ -81,7 +81,7 @@ def test_a_core_leased_by_another_process_waits(tmp_path, monkeypatch):
     assert waited > 0.8, "the lease must wait until the other controller releases core 1"
 
 
-PIN_PROBE = ("import os, sys; sys.argv = ['harness', *sys.argv[1:]]; from harness.cli import _keep_off_trial_cores; "
+PIN_PROBE = ("import os, sys; sys.argv = ['harness', *sys.argv[1:]]; from harness.cli import _keep_off_trial_cores, own_process; own_process(); "
              "_keep_off_trial_cores(); print(','.join(map(str, sorted(os.sched_getaffinity(0)))))")
 
 

@@ -9,22 +9,17 @@ from __future__ import annotations
 import sys
 
 from harness.cli import export, inspect, report, run, sandbox, suites
-from harness.cli.app import app, guard_terminal, own_process
+from harness.cli.app import app, guard_terminal, keep_to_reserved, own_process
 
 for _module in (sandbox, run, suites, report, inspect, export):
     _module.register(app)
 
 
 def _keep_off_trial_cores() -> None:
-    """A harness command (a report, `show`, an image build) runs on the cores a run keeps for
-    its controller, never where a concurrent run's trials are measured (it would be their
-    foreign CPU). `run` pins itself by its own --reserve-cores."""
-    from harness.engine.scheduler import allowed_cpus, default_reserved, pin_process
-
-    if next((a for a in sys.argv[1:] if not a.startswith("-")), "") == "run":
-        return
-    cpus = allowed_cpus()
-    pin_process(cpus[:default_reserved(cpus)])
+    """A harness command (a report, `show`, an image build) runs on a run's reserved cores;
+    `run` pins itself by its own --reserve-cores."""
+    if next((a for a in sys.argv[1:] if not a.startswith("-")), "") != "run":
+        keep_to_reserved()
 
 
 def main() -> None:

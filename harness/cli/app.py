@@ -127,6 +127,23 @@ def owns_process() -> bool:
     """Was harness started as its own process (not a command called in-process by a test)?"""
     return _owner["process"]
 
+
+def keep_to_reserved(reserve_cores: int | None = None) -> None:
+    """Keep this process on the cores a run reserves for its controller (``reserve_cores``,
+    default 1 of 2+), never on trial cores a concurrent run is measuring (it would be their
+    foreign CPU). Only when harness owns the process (the console script), never a process
+    that called a command in-process (a test, a notebook: its children would inherit the
+    pin). A bad value is left for the run's plan to refuse."""
+    from harness.engine.scheduler import CpuPool, pin_process
+    from harness.model.errors import SchedulerError
+
+    if not owns_process():
+        return
+    try:
+        pin_process(list(CpuPool.for_host(reserve=reserve_cores).reserved))
+    except SchedulerError:
+        pass
+
 DB_HELP = "Database URL (SQLAlchemy), default sqlite:///.harness/harness.db or $HARNESS_DB."
 
 

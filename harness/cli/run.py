@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from harness.cli.app import DB_HELP, EXIT_INFRA, console, die, err, fmt3
+from harness.cli.app import DB_HELP, EXIT_INFRA, console, die, err, fmt3, keep_to_reserved
 from harness.cli.progress import ProgressDisplay, sigterm_as_interrupt
 from harness.engine.events import Fanout
 
@@ -114,7 +114,7 @@ def run(
 
     probe_seconds()  # a bad $HARNESS_PROBE_S is a usage error before anything is stored
     lane_depth()  # and $HARNESS_LANE_DEPTH
-    _keep_to_reserved(reserve_cores)
+    keep_to_reserved(reserve_cores)  # from the start: planning and image builds too
     otlp_url, otlp_headers = None, {}
     if otlp is not None:  # checked before anything is stored, too
         from harness.engine.otel import parse_headers, require_otel, traces_url
@@ -337,24 +337,6 @@ def print_summary(s: dict[str, Any]) -> None:
     if s.get("excluded"):
         for key, tasks in s["excluded"].items():
             console.print(f"[yellow]{key}[/]: {len(tasks)} task(s) with fewer than k clean trials left out: {', '.join(tasks)}")
-
-
-def _keep_to_reserved(reserve_cores: int | None) -> None:
-    """From the start (planning, image builds, the agent-command check), the controller runs on
-    its reserved cores, never on the trial cores another run may be measuring on now. Only
-    when harness owns the process (the console script), never a process that called the
-    command in-process (a test, a notebook: its children would inherit the pin). A bad
-    --reserve-cores is left for the plan to refuse."""
-    from harness.cli.app import owns_process
-    from harness.engine.scheduler import CpuPool, pin_process
-    from harness.model.errors import SchedulerError
-
-    if not owns_process():
-        return
-    try:
-        pin_process(list(CpuPool.for_host(reserve=reserve_cores).reserved))
-    except SchedulerError:
-        pass
 
 
 def runs(
