@@ -353,7 +353,24 @@ def test_bad_records_are_dropped_one_by_one():
     from harness.sandbox.gateway import _valid
 
     good = {"provider": "openai", "started": 1.0}
-    ok, bad = _valid(ModelCall, [good, {"provider": "x" * 500, "started": 1.0}, "junk", good])
+    ok, bad = _valid(ModelCall, [good, {"provider": "openai", "started": "not a time"}, "junk", good])
     assert len(ok) == 2 and bad == 2
     m = gs.Masker("sk-upstream-key-123456")
     assert "sk-upstream" not in m.text("Bearer sk-upstream-key-123456")
+
+
+def test_a_call_record_with_an_agent_shaped_string_is_kept_cleaned_not_dropped():
+    # a model name with a lone surrogate (or longer than its field) failed validation and the
+    # call was dropped: its 429 never reached the SLA rules and the attempt was scored clean
+    from harness.model.gateway import ModelCall
+    from harness.sandbox.gateway import _valid
+
+    call = {"provider": "openai", "endpoint": "/v1/chat/completions", "model": "gpt-4o-mini", "started": 1.0,
+            "status": 429, "error": "rate_limited", "tokens_in": 5}
+    got, bad = _valid(ModelCall, [call, {**call, "model": "gpt-4o-mini\ud800"}, {**call, "model": "m" * 5000},
+                                  {**call, "detail": "\udfff" * 400}, {**call, "started": "not a time"}, "junk"])
+    assert bad == 2 and len(got) == 4
+    assert [c.error for c in got] == ["rate_limited"] * 4 and all(c.tokens_in == 5 for c in got)
+    assert got[1].model == "gpt-4o-mini\ufffd" and len(got[2].model) == 200 and len(got[3].detail) == 300
+    for c in got:
+        c.model_dump_json()  # valid UTF-8 throughout: it stores and exports

@@ -212,9 +212,13 @@ def test_export_sends_the_stored_run_as_one_tree(otel_run):
             seen_eval += 1
             ev = events[0]["attributes"]
             assert ev["gen_ai.evaluation.name"] == "harness.grade"
-            assert ev["gen_ai.evaluation.score.value"] == (1.0 if a.outcome == "pass" else 0.0)
-            assert ev["gen_ai.evaluation.score.label"] == ("pass" if a.outcome == "pass" else a.failure_kind)
             assert ev["harness.scored"] is (a.verdict == "clean")
+            if a.verdict == "clean":
+                assert ev["gen_ai.evaluation.score.value"] == (1.0 if a.outcome == "pass" else 0.0)
+                assert ev["gen_ai.evaluation.score.label"] == ("pass" if a.outcome == "pass" else a.failure_kind)
+            else:  # not counted by the harness: no score a dashboard could average
+                assert "gen_ai.evaluation.score.value" not in ev and ev["gen_ai.evaluation.score.label"] == "not_scored"
+                assert ev["harness.grade.outcome"] == a.outcome
             if a.outcome == "fail":
                 assert ev["gen_ai.evaluation.explanation"] == a.grade_reason[:1024]
                 if a.verdict == "clean":
@@ -315,6 +319,22 @@ def test_bad_headers_and_unknown_runs_are_usage_errors(otel_run):
         assert res.returncode == 2 and f"${var}" in res.stderr and "SECRETVALUE" not in res.stderr, res.stderr
 
 
+@pytest.mark.docker
+def test_exporting_a_run_still_in_progress_says_it_will_be_sent_again(otel_run, tmp_path):
+    import shutil
+    import sqlite3
+
+    (tmp_path / "home").mkdir()
+    shutil.copy(otel_run["tmp"] / "home" / "harness.db", tmp_path / "home" / "harness.db")
+    with sqlite3.connect(tmp_path / "home" / "harness.db") as con:  # as a run's controller keeps it while it runs
+        con.execute("update runs set status = 'running' where id = ?", (otel_run["run_id"],))
+    res = run_cli(tmp_path, "export", otel_run["run_id"], "--otlp", "http://127.0.0.1:1")
+    assert res.returncode == 3  # nothing listens: the note comes before the attempt to send
+    assert "still running" in res.stderr and "same ids" in res.stderr, res.stderr
+    res = run_cli(otel_run["tmp"], "export", otel_run["run_id"], "--otlp", "http://127.0.0.1:1")
+    assert res.returncode == 3 and "still running" not in res.stderr
+
+
 def test_without_the_extra_otlp_names_the_install_and_harness_imports_no_opentelemetry(tmp_path):
     env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home")}
     code = ("import sys; sys.modules['opentelemetry'] = None\n"  # as if the extra were not installed
@@ -405,6 +425,10 @@ def test_the_mapping_from_records(tmp_path):
     bad, good = (keys[otel.attempt_key(a)] for a in atts)
     assert bad.error == "discarded: host_cpu_contention" and bad.attributes["harness.sla.rule.host_cpu_contention.value"] == 0.4
     assert bad.events[0].attributes["harness.scored"] is False  # graded, never scored
+    assert "gen_ai.evaluation.score.value" not in bad.events[0].attributes  # nothing a dashboard could average
+    assert bad.events[0].attributes["gen_ai.evaluation.score.label"] == "not_scored"
+    assert bad.events[0].attributes["harness.grade.outcome"] == atts[0].outcome
+    assert good.events[0].attributes["gen_ai.evaluation.score.value"] == 0.0
     assert good.error == "fail: wrong_state" and len(good.attributes["harness.grade.reason"]) == otel.TEXT_CAP
     assert len(good.events[0].attributes["gen_ai.evaluation.explanation"]) == otel.TEXT_CAP
     agent = keys[otel.attempt_key(atts[1]) + "/phase/agent"]

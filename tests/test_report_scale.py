@@ -86,3 +86,26 @@ def test_a_suite_interval_over_distinct_pairs_is_the_interval_over_tasks(metric,
     assert got.estimate == pytest.approx(m, abs=1e-12)
     assert (got.low, got.high) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
     assert got.excluded == [t.task_id for t in tasks if t.n < k]
+
+
+def test_the_collector_is_paused_inside_and_left_as_it_was_found():
+    import gc
+
+    from harness.model.units import collector_paused
+
+    seen = []
+    assert gc.isenabled()
+    with collector_paused():
+        seen.append(gc.isenabled())
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with collector_paused():
+            raise RuntimeError("boom")
+    assert gc.isenabled()  # resumed whatever happened inside
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # off before: still off (a caller's own pause is not undone)
+    finally:
+        gc.enable()

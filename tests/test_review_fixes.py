@@ -448,3 +448,36 @@ def test_show_never_passes_agent_text_to_the_terminal_as_markup_or_escapes(tmp_p
     r = CliRunner().invoke(app, ["show", str(aid), "--db", f"sqlite:///{tmp_path}/h.db"])
     assert r.exit_code == 0, r.output
     assert "\x1b[2J" not in r.output and "[/]" in r.output
+
+
+def test_the_values_of_rows_added_and_removed_are_shown_cut_and_counted():
+    from types import SimpleNamespace
+
+    from harness.report.review import _diff_html
+    from harness.report.views import diff_row_lines
+
+    rows = [{"id": i, "amount_cents": 15000 + i, "body": "x" * 500 + "\n<script>alert(1)</script>"} for i in range(1, 8)]
+    sd = {"tables": [
+        {"table": "refunds", "status": "changed", "key": ["id"], "counts": {"added": 30, "removed": 1, "changed": 0},
+         "added": rows, "removed": [{"id": 99, "amount_cents": None}], "changed": []},
+        {"table": "ghost", "status": "added", "counts": {"added": 3}},  # a new table: counted by the grader's line only
+    ], "lines": ["refunds +30 rows (id=1, 2, 3 …)", "refunds -1 row (id=99)"]}
+    got = diff_row_lines(sd)
+    assert got[0].startswith("refunds +(id=1) amount_cents=15001, body=\"xxx") and len(got[0]) < 300
+    assert "\n" not in "".join(got)  # a string value stays on its line
+    assert sum(1 for x in got if x.startswith("refunds +(")) == 5
+    assert "refunds +… 25 more row(s) added" in got
+    assert "refunds -(id=99) amount_cents=NULL" in got
+    assert not any(x.startswith("ghost") for x in got)
+    page = _diff_html(SimpleNamespace(state_diff=sd, reward=None, grade_checks=[], grade_status="ok"))
+    assert "amount_cents=15001" in page and "<script>" not in page
+
+
+def test_a_damaged_stored_diff_gives_no_row_lines_rather_than_an_error():
+    from harness.report.views import diff_row_lines
+
+    assert diff_row_lines({"tables": [{"table": "t", "status": "changed", "added": ["not a row", 3], "counts": None},
+                                          {"table": "u", "status": "changed", "added": [], "counts": ["x"]},
+                                          {"table": "v", "status": "changed", "removed": [], "counts": {"removed": "many"}}]}) == []
+    assert diff_row_lines({"tables": ["x", None]}) == []
+    assert diff_row_lines(None) == []

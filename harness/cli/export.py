@@ -30,11 +30,14 @@ def export(
     attempt, discarded ones too (envelope asked and read back, cgroup and
     host counters, SLA rules, verdict, outcome; the grade as a
     `gen_ai.evaluation.result` event) > its phases at their recorded times
-    (services, sandbox, setup, agent, export, grade, remove) >
+    (those it had of gateway, lane, services, sandbox, setup, agent, stop,
+    export, grade, verifier-sandbox, remove) >
     under the agent, one `chat {model}` span per model call the gateway
     recorded (GenAI attributes: provider, model, tokens, error.type). Times
     are the recorded ones and ids derive from the run, so this sends the
     same trace `harness run --otlp` sent live. Returns once all is sent.
+    A run still in progress is sent as it stands, with a note: export it
+    again after it ends (same ids, final end times).
 
     Examples:
 
@@ -56,6 +59,10 @@ def export(
     otel.require_otel()
     store = Store.open(db, mode="ro")
     row = store.get_run(run)
+    if row.status == "running":  # ids derive from the run: the export after it ends sends these spans again
+        err.print(f"note: run {row.id} is still running; its run and slot spans are sent as they stand now and again, "
+                  "with the same ids and later end times, when you export it after it ends (a collector may keep both)",
+                  highlight=False)
     n = otel.export_run(row, store.attempts(row.id), endpoint, headers)
     err.print(f"exported {n} spans of run {row.id} (status {row.status}) to {otel.shown_url(endpoint)}", highlight=False)
 

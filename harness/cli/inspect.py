@@ -34,6 +34,7 @@ from harness.report.views import (
     csv_value,
     derive_series,
     diff_lines,
+    diff_row_lines,
     diff_summary,
     egress_rows,
     envelope_rows,
@@ -387,7 +388,7 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dic
         for d in doc["state_diff_summary"]:  # table names come from the agent's state: never markup
             dt_.add_row(Text(printable(str(d["table"]))), Text(printable(str(d["status"]))), f"+{d['added']}", f"-{d['removed']}", f"~{d['changed']}")
         c.print(dt_)
-        for line in diff_lines(a.state_diff):
+        for line in diff_lines(a.state_diff) + diff_row_lines(a.state_diff):
             c.print(Text("  " + printable(line)))
 
     for name in ARTIFACT_FILES:

@@ -9,7 +9,7 @@ place in the tree), names, times (from the records, never the export's clock) an
     run {suite}                                 created_at .. finished_at
       slot {task}                               per task x trial index: first attempt start .. last attempt end
         attempt                                 every attempt, discarded ones too: started_at .. finished_at
-          services | sandbox | setup | agent | export | grade | remove | ...
+          gateway | lane | services | sandbox | setup | agent | stop | export | grade | verifier-sandbox | remove
                                                 every phase the record keeps, at its recorded time
             chat {model}                        (under agent) one per model call the gateway recorded
 
@@ -267,13 +267,19 @@ def _attempt_attributes(a: AttemptRecord) -> dict[str, Any]:
 
 
 def _evaluation(a: AttemptRecord, t: int) -> SpanEvent | None:
-    """The grade as the GenAI ``gen_ai.evaluation.result`` event (None: not graded)."""
+    """The grade as the GenAI ``gen_ai.evaluation.result`` event (None: not graded). A
+    discarded attempt's event has no score: the harness does not count it, and a dashboard
+    that averages scores must not either (what its grader said is ``harness.grade.outcome``)."""
     if a.outcome is None and a.grade_status != "broken":
         return None
-    at: dict[str, Any] = {"gen_ai.evaluation.name": "harness.grade", "harness.scored": a.verdict == "clean"}
-    if a.outcome is not None:
+    scored = a.verdict == "clean"
+    at: dict[str, Any] = {"gen_ai.evaluation.name": "harness.grade", "harness.scored": scored}
+    if a.outcome is not None and scored:
         at["gen_ai.evaluation.score.value"] = 1.0 if a.outcome == "pass" else 0.0
         at["gen_ai.evaluation.score.label"] = "pass" if a.outcome == "pass" else (a.failure_kind or "fail")
+    elif a.outcome is not None:
+        at["gen_ai.evaluation.score.label"] = "not_scored"
+        at["harness.grade.outcome"] = a.outcome
     else:
         at["error.type"] = "grader_broken"
     if a.grade_status:

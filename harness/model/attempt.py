@@ -107,8 +107,8 @@ class AttemptRecord(BaseModel):
         "The machine the attempt ran on (executor, node id, hostname, kernel, cgroup version, CPU model, engine version, "
         "image id and inputs hash), read there."))
     phases: list[dict[str, Any]] = Field(default_factory=list, description=(
-        "The attempt's phases as the controller timed them, in order: name (gateway, services, sandbox, setup, agent, "
-        "stop, export, grade, verifier-sandbox, remove), start_s (seconds after started_at, the controller's monotonic "
+        "The attempt's phases as the controller timed them, in order: name (gateway, lane, services, sandbox, setup, "
+        "agent, stop, export, grade, verifier-sandbox, remove), start_s (seconds after started_at, the controller's monotonic "
         "clock) and wall_s. Empty in records made before phases were kept."))
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None

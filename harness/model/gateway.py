@@ -71,7 +71,7 @@ class UpstreamSummary(_Rec):
     ``calls_without_usage`` says how many did not (a sum is None when none did)."""
 
     calls: int = 0
-    dropped: int = Field(0, description="Calls beyond the per-attempt record cap (counted, not kept).")
+    dropped: int = Field(0, description="Calls not recorded: beyond the per-attempt record cap, or a record that would not validate (counted, not kept).")
     rate_limited: int = 0
     server_errors: int = 0
     timeouts: int = 0

@@ -82,7 +82,7 @@ class TokenUse(_M):
     attempts: int = Field(0, description="Attempts that had a model gateway.")
     calls: int = Field(0, description="Model calls they made.")
     calls_without_usage: int = Field(0, description="Successful calls whose response reported no token usage (not in the sums).")
-    calls_unrecorded: int = Field(0, description="Calls beyond the per-attempt record cap: counted, not in the token sums.")
+    calls_unrecorded: int = Field(0, description="Calls not recorded (beyond the per-attempt record cap, or a record that would not validate): counted, not in the token sums.")
     tokens_in: int | None = Field(None, description="Input tokens as reported (null: none reported).")
     tokens_out: int | None = Field(None, description="Output tokens as reported (null: none reported).")
     tokens_cached: int | None = Field(None, description="Cached input tokens as reported (null: none reported).")

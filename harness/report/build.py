@@ -33,7 +33,7 @@ from harness.core.estimator import (
 from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.report import REPORT_SCHEMA, Report
 from harness.model.run import RunRecord
-from harness.model.units import one_line
+from harness.model.units import collector_paused, one_line
 from harness.report.usage import discard_scopes, unpriced_models, usage_of
 
 CONF = 0.95
@@ -217,7 +217,12 @@ def build_report(
     ``harness.report.prices``) prices the model calls; without it every cost is null.
     ``late`` counts the records of attempts presumed lost that arrived afterwards (the store's).
     """
-    attempts = list(attempts)
+    with collector_paused():  # 10^5 attempts make 10^5 slot views and their rows
+        return _build(run, list(attempts), k, seed, n_boot, prices, late)
+
+
+def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: int, n_boot: int,
+           prices: Mapping[str, Mapping[str, float]] | None, late: int) -> Report:
     ks = run_ks(run)
     gate_k = max(ks) if k is None else int(k)
     problem = check_k(run, gate_k)

@@ -331,7 +331,7 @@ def usage_lines(u: dict[str, Any]) -> list[str]:
         lines.append(f"{sp['calls_without_usage']} call(s) did not report token usage: the sums count only the calls that did "
                      "(– = none reported, never 0)")
     if sp["calls_unrecorded"]:
-        lines.append(f"{sp['calls_unrecorded']} call(s) beyond the per-attempt record cap are counted but not in the token sums")
+        lines.append(f"{sp['calls_unrecorded']} call(s) not recorded (beyond the per-attempt record cap, or a record the gateway could not make) are counted but not in the token sums")
     wait = f"waiting on the model {u['wait_s']:.1f} s"
     if u["agent_wall_s"] is not None:
         wait += f" of {u['agent_wall_s']:.1f} s agent wall (working {u['working_s']:.1f} s)"

@@ -27,7 +27,7 @@ from harness.model.units import format_size
 from harness.report.artifacts import TRANSCRIPT, Capped, read_capped
 from harness.report.layout import HtmlBlock, Section
 from harness.report.render import script_json
-from harness.report.views import Thresholds, diff_lines, diff_summary, pct, printable, trial_row
+from harness.report.views import Thresholds, diff_lines, diff_row_lines, diff_summary, pct, printable, trial_row
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -313,7 +313,7 @@ def _diff_html(a: Any) -> str:
                        f"<td class=r>-{d['removed']}</td><td class=r>~{d['changed']}</td></tr>" for d in summary)
         table = ('<table class="grid"><thead><tr><th>table</th><th>status</th><th class=r>added</th><th class=r>removed</th>'
                  f"<th class=r>changed</th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
-        lines = diff_lines(sd, limit=40) + [f"schema: {x}" for x in (sd.get("schema_changes") or [])[:10]]
+        lines = diff_lines(sd, limit=40) + [f"schema: {x}" for x in (sd.get("schema_changes") or [])[:10]] + diff_row_lines(sd)
         cut = " (cut by the grader: counts are complete, rows are the first ones)" if sd.get("truncated") else ""
         return f"<h4>state diff vs the fixture{_e(cut)}</h4>{table}" + (f'<pre class="diff">{_e(chr(10).join(lines))}</pre>' if lines else "")
     if a.reward is not None or (a.grade_checks and any(c.get("kind") in ("reward", "test") for c in a.grade_checks)):
@@ -399,7 +399,7 @@ def _filter_html(plan: ReviewPlan) -> str:
     boxes = "".join(f'<label><input type="checkbox" data-kind="{_e(k)}" checked> <span class="kind k-{_e(k)}">{_e(k)}</span> '
                     f"{shown[k]} shown of {plan.kinds.get(k, shown[k])}</label>" for k in order)
     return (f'<div class="review-filter" hidden><b>failure kind</b> {boxes} <button type="button" data-set="all">all</button> '
-            '<button type="button" data-set="none">none</button> <span class="review-count muted"></span></div>')
+            f'<button type="button" data-set="none">none</button> <span class="review-count muted" data-run="{sum(plan.kinds.values())}"></span></div>')
 
 
 def _unmeasured_html(plan: ReviewPlan) -> str:
@@ -624,7 +624,9 @@ REVIEW_JS = r"""
       });
       t.hidden = !any;
     });
-    filter.querySelector('.review-count').textContent = shown + ' of ' + total + ' failed attempts shown';
+    var count = filter.querySelector('.review-count'), run = +count.getAttribute('data-run');
+    count.textContent = shown + ' of ' + total + ' failed attempts in this review shown' +
+      (run > total ? ' (the run has ' + run + '; the review keeps a few of each task, every kind first)' : '');
   }
   if (filter) {
     filter.hidden = false;

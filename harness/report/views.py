@@ -9,6 +9,7 @@ dictionaries below are the one place the exported names, units and meanings are 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -578,6 +579,35 @@ def diff_lines(state_diff: dict | None, limit: int = 12) -> list[str]:
     total = max(int(sd.get("lines_total") or 0), len(lines))
     shown = lines[:limit]
     return shown + ([f"… {total - len(shown)} more"] if total > len(shown) else [])
+
+
+def _cell(v: Any, width: int = 60) -> str:
+    text = json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, str) else ("NULL" if v is None else str(v))
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def diff_row_lines(state_diff: dict | None, rows: int = 5, width: int = 300) -> list[str]:
+    """The values of rows the agent added or removed, as the grader stored them (the first
+    ``rows`` of each table; the stored diff keeps the first 20): ``refunds +(id=1) amount_cents=15000,
+    method="original"``. Strings quoted on one line, each value and line cut."""
+    out = []
+    for td in (state_diff or {}).get("tables", []) or []:
+        if not isinstance(td, dict) or td.get("status") != "changed":
+            continue
+        key = [k for k in td.get("key") or [] if isinstance(k, str)]
+        counts = td.get("counts") if isinstance(td.get("counts"), dict) else {}
+        for sign, kind in (("+", "added"), ("-", "removed")):
+            got = [r for r in td.get(kind) or [] if isinstance(r, dict)]
+            for r in got[:rows]:
+                ident = ", ".join(f"{k}={_cell(r.get(k), 40)}" for k in key if k in r)
+                vals = ", ".join(f"{c}={_cell(v)}" for c, v in r.items() if c not in key)
+                line = f"{td.get('table')} {sign}({ident}) {vals}" if ident else f"{td.get('table')} {sign} {vals}"
+                out.append(line if len(line) <= width else line[:width - 1] + "…")
+            n = counts.get(kind)
+            total = max(n if isinstance(n, int) else 0, len(got))
+            if total > min(len(got), rows):
+                out.append(f"{td.get('table')} {sign}… {total - min(len(got), rows)} more row(s) {kind}")
+    return out
 
 
 # ----------------------------------------------------------------------------- model gateway

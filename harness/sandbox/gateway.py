@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import secrets
 import tarfile
 import threading
@@ -225,14 +226,38 @@ MAX_ADMIN_REPLY = 16 << 20  # what the controller reads of one gateway reply (20
 
 
 def _valid(model: Any, items: Any) -> tuple[list[Any], int]:
-    """Records that validate, and how many did not (counted as dropped: one bad record never loses the others)."""
+    """Records that validate, and how many did not (counted as dropped: one bad record never
+    loses the others). A record whose strings an agent shaped (a model name with a lone
+    surrogate, one longer than its field) is kept with those strings cleaned and cut: dropping
+    it would hide the call, and its 429, from the SLA rules."""
     out, bad = [], 0
     for item in items[:5000] if isinstance(items, list) else []:
         try:
             out.append(model.model_validate(item))
         except ValueError:
-            bad += 1
+            try:
+                out.append(model.model_validate(_cleaned(model, item)))
+            except ValueError:
+                bad += 1
     return out, bad
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _cleaned(model: Any, item: Any) -> Any:
+    """``item`` with every string made valid UTF-8 (a lone surrogate becomes U+FFFD) and cut to
+    its field's max_length; anything else as it was (and still validated)."""
+    if not isinstance(item, dict):
+        return item
+    out = dict(item)
+    for name, field in model.model_fields.items():
+        v = out.get(name)
+        if isinstance(v, str):
+            v = _SURROGATE.sub("\ufffd", v)
+            cap = next((m.max_length for m in field.metadata if getattr(m, "max_length", None) is not None), None)
+            out[name] = v[:cap] if cap is not None else v
+    return out
 
 
 def new_token(run_id: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import functools
-import gc
 import json
 import os
 import typing
@@ -35,7 +34,7 @@ from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.counters import Sample
 from harness.model.errors import StoreError, StoreLost
 from harness.model.run import RunRecord
-from harness.model.units import one_line, utcnow
+from harness.model.units import collector_paused, one_line, utcnow
 from harness.store.orm import AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow
 
 DEFAULT_HOME = ".harness"
@@ -381,13 +380,8 @@ class Store:
             else:
                 cols.append(c)
             names.append(name)
-        collect = gc.isenabled()
-        gc.disable()  # 10^5 rows of new objects: the collector would walk the growing heap again and again
-        try:
+        with collector_paused():  # 10^5 rows of new objects
             return self._lean_rows(select(*cols).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id), names, decoded, absent)
-        finally:
-            if collect:
-                gc.enable()
 
     def _lean_rows(self, stmt: Any, names: list[str], decoded: list[tuple[int, Any]], absent: list[tuple[str, Any]]) -> list[Any]:
         rows = self._read(stmt, tuples=True)
