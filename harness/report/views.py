@@ -581,9 +581,12 @@ def diff_lines(state_diff: dict | None, limit: int = 12) -> list[str]:
     return shown + ([f"… {total - len(shown)} more"] if total > len(shown) else [])
 
 
-def _cell(v: Any, width: int = 60) -> str:
-    text = json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, str) else ("NULL" if v is None else str(v))
+def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _cell(v: Any, width: int = 60) -> str:
+    return _cut(json.dumps(v, ensure_ascii=False) if isinstance(v, str) else ("NULL" if v is None else str(v)), width)
 
 
 def diff_row_lines(state_diff: dict | None, rows: int = 5, width: int = 300) -> list[str]:
@@ -598,15 +601,15 @@ def diff_row_lines(state_diff: dict | None, rows: int = 5, width: int = 300) -> 
         counts = td.get("counts") if isinstance(td.get("counts"), dict) else {}
         for sign, kind in (("+", "added"), ("-", "removed")):
             got = [r for r in td.get(kind) or [] if isinstance(r, dict)]
-            for r in got[:rows]:
+            shown = got[:rows]
+            for r in shown:
                 ident = ", ".join(f"{k}={_cell(r.get(k), 40)}" for k in key if k in r)
                 vals = ", ".join(f"{c}={_cell(v)}" for c, v in r.items() if c not in key)
-                line = f"{td.get('table')} {sign}({ident}) {vals}" if ident else f"{td.get('table')} {sign} {vals}"
-                out.append(line if len(line) <= width else line[:width - 1] + "…")
+                out.append(_cut(f"{td.get('table')} {sign}({ident}) {vals}" if ident else f"{td.get('table')} {sign} {vals}", width))
             n = counts.get(kind)
-            total = max(n if isinstance(n, int) else 0, len(got))
-            if total > min(len(got), rows):
-                out.append(f"{td.get('table')} {sign}… {total - min(len(got), rows)} more row(s) {kind}")
+            more = max(n if isinstance(n, int) else 0, len(got)) - len(shown)
+            if more > 0:
+                out.append(f"{td.get('table')} {sign}… {more} more row(s) {kind}")
     return out
 
 
