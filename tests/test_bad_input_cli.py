@@ -144,6 +144,8 @@ def test_reading_a_store_that_does_not_exist(tmp_path):
 def test_resume_with_identity_options_is_refused(tmp_path):
     r = harness(tmp_path, "run", "--resume", "last", "--trials", "3", "--db", db(tmp_path))
     assert_usage_error(r, tmp_path, "--resume keeps the run's identity", "--trials")
+    r = harness(tmp_path, "run", "--resume", "last", "--seed", "5", "--db", db(tmp_path))  # was taken and ignored
+    assert_usage_error(r, tmp_path, "--resume keeps the run's identity", "--seed")
 
 
 def test_image_built_from_older_suite_files_is_refused(tmp_path, docker_client):

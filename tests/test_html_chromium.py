@@ -218,3 +218,63 @@ def test_failure_review_filters_expands_and_shows_injections_as_text(report_html
     assert "<img src=x onerror=window.pwned=4>" in got["stdout"]
     assert got["pwned"] == "undefined" and got["imgs"] == 0
     assert "<img" not in dom and "<script>window.pwned" not in dom
+
+
+# A transcript line an agent wrote to hurt the page: JSON nested far deeper than anyone reads.
+# JSON.stringify(v, null, 2) made 271 M characters of 4,400 levels (quadratic indentation) and
+# threw a RangeError at 20,000, after which the attempt's other boxes stayed empty.
+DEEP_DRIVER = """<script>
+(function () {
+  function step() {
+    var root = document.querySelector('.review');
+    if (!root || root.getAttribute('data-ready') !== '1') { setTimeout(step, 50); return; }
+    var d = root.querySelector('details.rattempt');
+    d.querySelector('summary').click();
+    setTimeout(function () {
+      var msgs = Array.prototype.map.call(d.querySelectorAll('.side-fail .msg'), function (e) { return e.textContent; });
+      document.documentElement.setAttribute('data-test', JSON.stringify({
+        msgs: msgs.map(function (m) { return m.length; }), heads: msgs.map(function (m) { return m.slice(0, 60); }),
+        marked: msgs.map(function (m) { return /nested too deep to show|cut here/.test(m); }),
+        stdout: d.querySelector('.side-fail pre[data-file="stdout.txt"]').textContent,
+        errors: window.__deepErrors}));
+    }, 300);
+  }
+  step();
+})();
+</script>
+"""
+
+
+def test_a_deeply_nested_transcript_line_is_cut_not_hung_and_the_other_boxes_fill(tmp_path):
+    from harness.report.build import build_report
+    from harness.report.render import render_html
+    from harness.report.review import review_sections
+    from tests.test_review import make_run
+
+    exe = chromium()
+    run, atts = make_run({"t": "W✓"}, tmp_path)
+    lines = [  # all three inside the review's 64 KiB of transcript
+        json.dumps({"type": "observation", "output": "[" * 20000 + "]" * 20000}),  # a tool's output the page parses
+        '{"type": "weird", "v": ' + "[" * 4400 + "1" + "]" * 4400 + "}",  # the line itself
+        '{"type": "odd", "v": ' + '{"a":' * 1500 + "1" + "}" * 1500 + "}",
+    ]
+    (Path(atts[0].artifacts) / "transcript.jsonl").write_text("\n".join(lines) + "\n")
+    (Path(atts[0].artifacts) / "stdout.txt").write_text("the stdout box still fills\n")
+    rep = build_report(run, atts).data()
+    page = render_html(rep, extra_sections=review_sections(rep, atts))
+    driven = tmp_path / "deep.html"
+    hook = "<script>window.__deepErrors = []; window.addEventListener('error', function (e) { window.__deepErrors.push(String(e.message)); });</script>"
+    assert page.count("<head>") == 1
+    driven.write_text(page.replace("<head>", "<head>" + hook).replace("</body>", DEEP_DRIVER + "</body>"), encoding="utf-8")
+    dom = subprocess.run([exe, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", driven.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    m = re.search(r'<html[^>]*data-test="([^"]*)"', dom)
+    assert m, "the driver did not finish: the page hung or threw on the nested line"
+    got = json.loads(m.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+    assert got["errors"] == []
+    assert got["stdout"] == "the stdout box still fills\n"
+    assert len(got["msgs"]) == 3, got["heads"]
+    # every message is shown, bounded (100,000 characters and a note), and says where it was cut
+    assert all(n < 101_000 for n in got["msgs"]), got["msgs"]
+    assert got["marked"] == [True, True, True], got["heads"]
+    assert [h[:len(w)] for h, w in zip(got["heads"], ("observation", "weird", "odd"))] == ["observation", "weird", "odd"], got["heads"]

@@ -117,3 +117,18 @@ def test_junit_fails_a_task_short_of_k_that_already_failed(tmp_path):
     assert root.find(".//testcase[@name='t3']/failure") is None
     r4 = runner.invoke(app, ["gate", "r1", "--per-task", "pass@1>=0:0.5", "--confidence", "0.95", "--db", url])
     assert r4.exit_code == 2 and "give --require" in r4.output
+
+
+def test_junit_is_well_formed_xml_whatever_a_grade_reason_holds(tmp_path):
+    from harness.model.attempt import AttemptRecord
+
+    store, url = _report_of(tmp_path, {"t1": "✓", "t2": "✓✓"})
+    reason = "bad \ufffe\uffff \x01\x0b\x1f end"  # each forbidden by XML 1.0
+    store.add_attempt(AttemptRecord(run_id="r1", task_id="t1", slot=1, attempt_no=1, seed=1, verdict="clean",
+                                    outcome="fail", failure_kind="wrong_state", grade_reason=reason))
+    out = tmp_path / "junit.xml"
+    r = runner.invoke(app, ["report", "r1", "--format", "junit", "--out", str(out), "--db", url])
+    assert r.exit_code == 0, r.output
+    fail = ET.fromstring(out.read_bytes()).find(".//testcase[@name='t1']/failure")  # a strict parser reads it
+    assert fail is not None and "bad " in fail.get("message") and " end" in fail.text
+    assert not {"\ufffe", "\uffff", "\x01", "\x0b", "\x1f"} & set(fail.text + fail.get("message"))

@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -456,3 +457,34 @@ def test_the_mapping_from_records(tmp_path):
         assert (r["name"], r["start"], r["end"], r["trace_id"]) == (s.name, s.start_ns, s.end_ns, f"{otel.trace_id(run.id):032x}")
         assert r["parent"] == ("" if s.parent is None else f"{otel.span_id(run.id, s.parent):016x}")
         assert r["attributes"] == s.attributes
+
+
+def test_times_a_store_changed_outside_harness_holds_are_sent_in_range(tmp_path):
+    """Year 1 or 9999, 1e300 seconds, NaN: each is sent as nanoseconds OTLP can carry (an
+    OverflowError traceback, or spans the exporter could not encode, before)."""
+    from harness.cli import app
+    from harness.engine import otel
+    from tests.test_store_damage import make_store, runner
+
+    run, (bad, good) = _records()
+    huge = good.model_copy(update={
+        "started_at": dt.datetime(9999, 12, 31), "finished_at": None, "wall_s": 1e300, "agent_wall_s": 1e300,
+        "phases": [{"name": "agent", "start_s": 1e300, "wall_s": float("nan")}],
+        "model_calls": [{**good.model_calls[0], "started": 1e300, "latency_s": 1e300}, {**good.model_calls[1], "started": -1e300}]})
+    early = bad.model_copy(update={"started_at": dt.datetime(1, 1, 1), "finished_at": dt.datetime(1, 1, 1)})
+    specs = otel.run_tree(run.model_copy(update={"created_at": dt.datetime(1, 1, 1)}), [early, huge])
+    times = [t for s in specs for t in (s.start_ns, s.end_ns, *(e.time_ns for e in s.events))]
+    assert len(specs) > 5 and all(0 <= t <= otel.MAX_NS for t in times)
+
+    url = make_store(tmp_path)
+    c = sqlite3.connect(url.removeprefix("sqlite:///"))
+    c.execute("UPDATE attempts SET started_at = '9999-12-31 23:59:59.999999', agent_wall_s = 1e300, model_calls = ?",
+              (json.dumps([{"provider": "openai", "started": 1e300, "latency_s": 1e300, "tokens_in": 1}]),))
+    c.execute("UPDATE runs SET created_at = '0001-01-01 00:00:00'")
+    c.commit()
+    c.close()
+    with OtlpTestReceiver() as recv:
+        res = runner.invoke(app, ["export", "r1", "--otlp", recv.url + "/v1/traces", "--db", url])
+        assert res.exit_code == 0 and res.exception is None, res.output
+        got = [t for s in recv.spans for t in (s["start"], s["end"])]
+    assert len(recv.spans) >= 5 and all(0 <= t <= otel.MAX_NS for t in got)

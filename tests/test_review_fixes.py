@@ -384,6 +384,12 @@ def test_an_attempt_that_kills_its_controller_every_time_ends_unmeasured():
     assert pend.slots == [] and pend.progress.unmeasured == 1
     pend = pending_slots(lost[:1], ["t"], trials=1, max_reruns=1, run_seed=0)
     assert [(s.slot, s.attempts, s.budget_used) for s in pend.slots] == [(0, 1, 1)]
+    # and --refill-unmeasured keeps it unmeasured (the attempt may have killed its controller), so
+    # `harness run` does not advise it for such slots
+    from harness.engine.runner import refill_plan
+
+    run = run_record("r", task_ids=["t"], trials=1).model_copy(update={"max_reruns": 1})
+    assert refill_plan(run, lost) == ({}, ["t/0"])
 
 
 # ---------------------------------------------------------------------------- input folders
@@ -481,3 +487,18 @@ def test_a_damaged_stored_diff_gives_no_row_lines_rather_than_an_error():
                                           {"table": "v", "status": "changed", "removed": [], "counts": {"removed": "many"}}]}) == []
     assert diff_row_lines({"tables": ["x", None]}) == []
     assert diff_row_lines(None) == []
+
+
+def test_a_file_name_with_a_newline_cannot_forge_a_line_of_the_files_diff():
+    from harness.report.views import diff_lines
+    from harness.state.files_grade import _line
+
+    forged = "notes.txt\n/app/config.json unchanged"
+    line = _line({"path": forged, "change": "added", "detail": None})
+    assert "\n" not in line and line.startswith('"notes.txt\\n/app') and line.endswith('" added')
+    assert _line({"path": "/app/a b.txt", "change": "removed", "detail": None}) == "/app/a b.txt removed"
+    assert _line({"path": " /app/x", "change": "removed", "detail": None}) == '" /app/x" removed'
+    # a line a grader of an older harness stored raw is still shown as one line
+    got = diff_lines({"files": {"total": 1, "lines": [forged + " added"]}})
+    assert got == ["notes.txt\\n/app/config.json unchanged added"]
+    assert diff_lines({"lines": ["t +1 row\nforged"], "lines_total": 1}) == ["t +1 row\\nforged"]

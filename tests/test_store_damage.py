@@ -93,7 +93,10 @@ DEEP = [("attempts", "error", "CAST(x'41ff' AS TEXT)"), ("attempts", "task_id", 
         ("attempts", "model_calls", "'[1, \"x\"]'"), ("attempts", "rules", "'[1]'"), ("attempts", "slot", "-1 - slot"),
         ("runs", "excluded", "'{\"t\": 5}'"), ("runs", "agent_cmd", "'[1, {}]'"), ("runs", "task_ids", "'[1, 2]'"),
         ("runs", "ks", "'[0]'"), ("runs", "ks", "'[1000]'"), ("runs", "ks", "'[\"a\"]'"), ("runs", "trials", "0"),
-        ("samples", "t", "'x'"), ("samples", "memory_current", "x'00ff'")]
+        ("samples", "t", "'x'"), ("samples", "memory_current", "x'00ff'"),
+        ("attempts", "model_calls", "'[{\"provider\": \"openai\", \"started\": 1, \"tokens_in\": \"x\"}]'"),
+        ("attempts", "model_calls", "'[{\"latency_s\": \"slow\"}]'"), ("runs", "profile_json", "'{\"cpus\": \"x\"}'"),
+        ("runs", "profile_json", "'{\"memory\": [1]}'")]
 
 
 @pytest.mark.parametrize("table,column,sql", DEEP)
@@ -114,6 +117,21 @@ def test_deeper_damage_is_one_line_too(tmp_path, table, column, sql):
             failed.add(cmd[0])
     # the commands that read the damaged table say so
     assert failed >= ({"samples", "show"} if table == "samples" else {"report", "trials"}), failed
+
+
+@pytest.mark.parametrize("diff", ['{"files": {"total": "abc", "lines": [1, null]}}', '{"tables": 5, "lines": 7}',
+                                  '{"tables": [{"table": "t", "status": "changed", "counts": "x", "added": 5, "key": 3}, 7],'
+                                  ' "lines": [], "lines_total": "q"}', '[]'])
+def test_a_state_diff_holding_the_wrong_things_is_left_out_never_a_traceback(tmp_path, diff):
+    url = make_store(tmp_path)
+    c = sqlite3.connect(url.removeprefix("sqlite:///"))
+    c.execute("UPDATE attempts SET outcome = 'fail', failure_kind = 'wrong_state', grade_reason = 'r', state_diff = ?", (diff,))
+    c.commit()
+    c.close()
+    for cmd in (["show", "1"], ["report", "r1", "--format", "html", "--out", str(tmp_path / "r.html")], ["report", "r1"], ["trials", "r1"]):
+        res = runner.invoke(app, [*cmd, "--db", url])
+        assert res.exception is None or isinstance(res.exception, SystemExit), (cmd, res.exception)
+        assert res.exit_code == 0 or "changed outside harness or is damaged" in res.output, (cmd, res.output)
 
 
 def test_samples_jsonl_is_json_whatever_the_store_holds(tmp_path):

@@ -25,7 +25,7 @@ def run(
     trials: Optional[int] = typer.Option(None, "--trials", "-n", help="Trials per task (default: the suite's)."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task ids (default: all)."),
     k: Optional[str] = typer.Option(None, "--k", help="k values to report, e.g. '1,2,4' (default: the suite's); each <= trials."),
-    seed: int = typer.Option(0, "--seed", help="Run seed; each slot's seed derives from it, the task and the trial index."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Run seed (default 0); each slot's seed derives from it, the task and the trial index."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-j", help="At most this many attempts at once (can only lower what fits)."),
     max_reruns: Optional[int] = typer.Option(None, "--max-reruns", help="Reruns per slot after discarded attempts (default: the suite's)."),
     reserve_cores: Optional[int] = typer.Option(None, "--reserve-cores", help="Cores kept for the controller (default 1 when the machine has more than one)."),
@@ -104,7 +104,7 @@ def run(
     over the limit, tasks that could not run here, the engine), 130 interrupted.
     """
     from harness.core.aggregate import summarize
-    from harness.engine.runner import RunOptions, Runner
+    from harness.engine.runner import RunOptions, Runner, refill_plan
 
     if (suite is None) == (resume is None):
         die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
@@ -127,7 +127,8 @@ def run(
     if resume is not None:
         given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns,
                  "--agent-image": agent_image, "--agent-cmd": agent_cmd, "--agent": agent, "--base-map": base_map or None,
-                 "--secret": secret or None, "--upstream": upstream or None, "--network": network, "--agent-env": agent_env or None}
+                 "--secret": secret or None, "--upstream": upstream or None, "--network": network, "--agent-env": agent_env or None,
+                 "--seed": seed}
         clash = [k for k, v in given.items() if v is not None]
         if clash:
             die(f"--resume keeps the run's identity; {', '.join(clash)} cannot change it (start a new run instead)")
@@ -142,7 +143,7 @@ def run(
         profile=profile,
         trials=trials,
         tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
-        seed=seed,
+        seed=seed or 0,
         concurrency=concurrency,
         max_reruns=max_reruns,
         reserve_cores=reserve_cores,
@@ -203,7 +204,8 @@ def run(
                 otel_sink.close()  # every span sent (or the collector's failure noted) before the summary
     wall = time.monotonic() - t0
     stored = runner.store.get_run(r.id)
-    summary = summarize(stored, runner.store.attempts(r.id))
+    attempts = runner.store.attempts(r.id)
+    summary = summarize(stored, attempts)
     summary["wall_s"] = round(wall, 1)
     not_run = dict(stored.excluded or {})
     summary["not_run"] = not_run
@@ -217,10 +219,16 @@ def run(
     unmeasured = int(summary.get("unmeasured_slots") or 0)
     if slots and unmeasured / slots > max_unmeasured + 1e-12:
         rule, count = _top_rule(summary)
+        refill, kept = refill_plan(stored, attempts)
+        if not refill:  # a dead controller or the envelope discarded them, or they were refilled once: advice would be refused
+            then = (f"none can be refilled ({len(kept)} were discarded by a rule the attempt may cause itself, such as "
+                    "controller_lost or an envelope breach, or were refilled once already); a new run measures them again")
+        else:
+            then = (f"once the cause is gone, `harness run --resume {r.id} --refill-unmeasured{at}` reruns "
+                    + ("them" if not kept else f"{len(refill)} of them (the other {len(kept)} cannot be refilled)"))
         err.print(f"[bold red]{unmeasured} of {slots} slot(s) unmeasured[/] ({unmeasured / slots:.0%} > --max-unmeasured "
                   f"{max_unmeasured:g}); the rule that discarded most: {rule} ({count} of the unmeasured slots) -- see `harness report {r.id}{at}`; "
-                  f"once the cause is gone, `harness run --resume {r.id} --refill-unmeasured{at}` reruns them (exit 3)",
-                  highlight=False, soft_wrap=True)
+                  f"{then} (exit 3)", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_INFRA)
     if not_run:  # the figures cover fewer tasks than the suite has: not a clean exit
         if not json_out:

@@ -70,6 +70,9 @@ class SpanEvent:
     time_ns: int
     attributes: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "time_ns", _in_range(self.time_ns))
+
 
 @dataclass(frozen=True)
 class SpanSpec:
@@ -84,6 +87,11 @@ class SpanSpec:
     events: tuple[SpanEvent, ...] = ()
     error: str | None = None  # status ERROR with this description; None: status unset
     client: bool = False  # span kind CLIENT (a model call), else INTERNAL
+
+    def __post_init__(self) -> None:  # in OTLP's range and never ending before it starts, whatever a record held
+        start = _in_range(self.start_ns)
+        object.__setattr__(self, "start_ns", start)
+        object.__setattr__(self, "end_ns", max(start, _in_range(self.end_ns)))
 
 
 def trace_id(run_id: str) -> int:
@@ -138,7 +146,23 @@ def _ns(t: dt.datetime | None) -> int | None:
         return None
     if t.tzinfo is not None:
         t = t.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    return calendar.timegm(t.timetuple()) * 1_000_000_000 + t.microsecond * 1000
+    return _in_range(calendar.timegm(t.timetuple()) * 1_000_000_000 + t.microsecond * 1000)
+
+
+# OTLP times are unsigned 64-bit nanoseconds (the SDK takes them as ints): whatever a stored
+# record holds (a year 1 or 9999, 1e300 seconds, NaN) is sent inside [0, MAX_NS]
+MAX_NS = 2**63 - 1
+
+
+def _in_range(ns: int) -> int:
+    return min(MAX_NS, max(0, ns))
+
+
+def _s_ns(seconds: float | None) -> int:
+    """Seconds (a duration or a Unix time, from a record) as nanoseconds in range; negative,
+    None and NaN are 0."""
+    x = (seconds or 0) * 1e9
+    return MAX_NS if x >= MAX_NS else round(x) if x > 0 else 0
 
 
 def _span_of(a: AttemptRecord) -> tuple[int, int]:
@@ -147,9 +171,9 @@ def _span_of(a: AttemptRecord) -> tuple[int, int]:
     if start is None and end is None:
         return 0, 0
     if start is None:
-        start = end - round((a.wall_s or 0) * 1e9)
+        start = end - _s_ns(a.wall_s)
     if end is None:
-        end = start + round((a.wall_s or 0) * 1e9)
+        end = start + _s_ns(a.wall_s)
     return start, max(start, end)
 
 
@@ -164,14 +188,14 @@ def _phase_times(a: AttemptRecord, start: int, end: int) -> list[tuple[str, int,
     if kept:
         out = []
         for p in kept:
-            s = min(end, start + round(max(0.0, p["start_s"]) * 1e9))
-            out.append((p["name"][:NAME_CAP], s, min(end, s + round(max(0.0, p["wall_s"]) * 1e9)), False))
+            s = min(end, start + _s_ns(p["start_s"]))
+            out.append((p["name"][:NAME_CAP], s, min(end, s + _s_ns(p["wall_s"])), False))
         return out
     return [(n, s, e, True) for n, s, e in _estimated_phases(a, start, end)]
 
 
 def _estimated_phases(a: AttemptRecord, start: int, end: int) -> list[tuple[str, int, int]]:
-    durs = [(n, round(max(0.0, d) * 1e9)) for n, d in zip(PHASES, (a.setup_wall_s, a.agent_wall_s, a.grade_wall_s)) if d is not None]
+    durs = [(n, _s_ns(d)) for n, d in zip(PHASES, (a.setup_wall_s, a.agent_wall_s, a.grade_wall_s)) if d is not None]
     if not durs:
         return []
     t = end
@@ -184,7 +208,7 @@ def _estimated_phases(a: AttemptRecord, start: int, end: int) -> list[tuple[str,
     agent = next((p for p in placed if p[0] == "agent"), None)
     shift = 0
     if agent is not None and calls:
-        first = min(round(c["started"] * 1e9) for c in calls)
+        first = min(_s_ns(c["started"]) for c in calls)
         shift = max(0, agent[1] - first)
     shift = min(shift, max(0, placed[0][1] - start))  # never before the attempt started
     if placed[0][1] - shift < start:  # durations (rounded) longer than the attempt: start with it
@@ -296,9 +320,9 @@ def _call_span(a: AttemptRecord, i: int, c: dict[str, Any], parent: str, end_cap
     op = OPERATIONS.get(endpoint)
     model = _text(c["model"], NAME_CAP) if c.get("model") else None
     provider = _text(c.get("provider") or "unknown", 40)
-    start = round(c["started"] * 1e9)
+    start = _s_ns(c["started"])
     lat = c.get("latency_s")
-    end = start + round(lat * 1e9) if isinstance(lat, (int, float)) else max(start, end_cap)
+    end = start + _s_ns(lat) if isinstance(lat, (int, float)) else max(start, end_cap)
     at: dict[str, Any] = {"gen_ai.provider.name": provider, "gen_ai.system": provider, "harness.model_call.endpoint": endpoint,
                           "harness.model_call.index": i}
     if op:
@@ -337,7 +361,7 @@ def attempt_spans(a: AttemptRecord) -> list[SpanSpec]:
     for name, s, e, estimated in phases:
         seen[name] = seen.get(name, 0) + 1  # a phase twice (e.g. export before and after grading): its own key
         pk = f"{key}/phase/{name}" + (f"/{seen[name]}" if seen[name] > 1 else "")
-        at: dict[str, Any] = {"harness.phase": name, "harness.phase.duration_s": round((e - s) / 1e9, 6),
+        at: dict[str, Any] = {"harness.phase": name, "harness.phase.duration_s": round(max(0, e - s) / 1e9, 6),
                               "harness.phase.start_estimated": estimated}
         err = None
         if name == "agent":

@@ -195,7 +195,8 @@ def check_measured(tasks: list[TaskOutcomes]) -> GateCheck | None:
     how = []
     if spent:
         how.append(f"{len(spent)} spent their rerun budget on discards: once the cause is gone, "
-                   "`harness run --resume RUN --refill-unmeasured` measures them")
+                   "`harness run --resume RUN --refill-unmeasured` measures those discarded by the host or the model API "
+                   "(not a slot an envelope breach or controller_lost spent, nor one refilled once already)")
     if waiting:
         how.append(f"{len(waiting)} have slots not run yet (a run in progress or interrupted): "
                    "`harness run --resume RUN` runs them")

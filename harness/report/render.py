@@ -5,6 +5,7 @@ nothing itself."""
 
 from __future__ import annotations
 
+import datetime as dt
 import html as _html
 import json
 import re
@@ -276,10 +277,13 @@ def render_junit(report: dict[str, Any]) -> str:
                 msg += f"; trial {first['slot']}: {printable(first['reason'])[:200]}"
             ET.SubElement(tc, "failure", message=msg, type=metric).text = "\n".join(detail)
         cases.append(tc)
-    root = ET.Element("testsuites", name="harness", tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors="0", time=f"{total_time:.3f}")
+    # the suite's time is the run's wall time (its attempts overlap); the sum of the cases' until it finished
+    wall = _wall_s(report["run"]["created_at"], report["run"]["finished_at"])
+    suite_time = f"{total_time if wall is None else wall:.3f}"
+    root = ET.Element("testsuites", name="harness", tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors="0", time=suite_time)
     ts = ET.SubElement(
         root, "testsuite", name=suite_name, tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors="0",
-        time=f"{total_time:.3f}", timestamp=report["run"]["created_at"] or "", hostname=str(idn["host"].get("hostname", "")),
+        time=suite_time, timestamp=report["run"]["created_at"] or "", hostname=str(idn["host"].get("hostname", "")),
     )
     props = ET.SubElement(ts, "properties")
     for name, value in (
@@ -297,7 +301,23 @@ def render_junit(report: dict[str, Any]) -> str:
             ET.SubElement(props, "property", name="cost_tasks_priced", value=f"{u['tasks_priced']} of {u['tasks']}")
     ts.extend(cases)
     ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    # only text and attribute values can hold a character XML 1.0 forbids (a grade reason's
+    # U+FFFF, a control, a lone surrogate): the markup itself is ASCII, so the whole is cleaned
+    return _XML_FORBIDDEN.sub("\ufffd", '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n")
+
+
+def _wall_s(start: str | None, end: str | None) -> float | None:
+    if not start or not end:
+        return None
+    try:
+        w = (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds()
+    except (TypeError, ValueError):
+        return None
+    return w if w >= 0 else None
+
+
+# what XML 1.0 does not allow in a document (https://www.w3.org/TR/xml/#charsets)
+_XML_FORBIDDEN = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _usage_props(u: dict[str, Any]) -> dict[str, str]:

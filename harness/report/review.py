@@ -473,16 +473,41 @@ REVIEW_JS = r"""
     if (text !== undefined) e.textContent = text;
     return e;
   }
-  function str(v) { return typeof v === 'string' ? v : (v === undefined || v === null ? '' : JSON.stringify(v, null, 2)); }
+  // JSON indented by the page, bounded: an agent's deeply nested value is cut at DEPTH levels
+  // and its text at SIZE characters, so one line can neither blow the stack nor grow
+  // quadratically with its indentation (JSON.stringify(v, null, 2) does both).
+  var DEPTH = 20, SIZE = 100000;
+  function dump(v) {
+    var out = [], n = 0;
+    function put(s) { out.push(s); n += s.length; }
+    function walk(x, ind, depth) {
+      if (n >= SIZE) return;
+      if (x === null || typeof x !== 'object') { var s = JSON.stringify(x); put(s === undefined ? 'null' : s.length > SIZE ? s.slice(0, SIZE) + '…' : s); return; }
+      var arr = Array.isArray(x), keys = arr ? null : Object.keys(x), len = arr ? x.length : keys.length;
+      if (!len) { put(arr ? '[]' : '{}'); return; }
+      if (depth >= DEPTH) { put(arr ? '[… ' + len + ' items, nested too deep to show]' : '{… ' + len + ' keys, nested too deep to show}'); return; }
+      var inner = ind + '  ';
+      put(arr ? '[' : '{');
+      for (var i = 0; i < len && n < SIZE; i++) {
+        put((i ? ',\n' : '\n') + inner);
+        if (!arr) put(JSON.stringify(keys[i]) + ': ');
+        walk(arr ? x[i] : x[keys[i]], inner, depth + 1);
+      }
+      put('\n' + ind + (arr ? ']' : '}'));
+    }
+    walk(v, '', 0);
+    return n >= SIZE ? out.join('').slice(0, SIZE) + '\n… cut here: the value is longer than the page shows' : out.join('');
+  }
+  function str(v) { return typeof v === 'string' ? v : (v === undefined || v === null ? '' : dump(v)); }
   function pretty(s) {  // a tool's JSON output or arguments, indented (parsed here, in the page, never by the controller)
-    if (typeof s === 'string' && /^\s*[\[{]/.test(s)) { try { return JSON.stringify(JSON.parse(s), null, 2); } catch (e) { } }
+    if (typeof s === 'string' && /^\s*[\[{]/.test(s)) { try { return dump(JSON.parse(s)); } catch (e) { } }
     return s;
   }
   function size(n) { return n < 1024 ? n + ' B' : n < 1048576 ? (n / 1024).toFixed(1) + ' KiB' : (n / 1048576).toFixed(1) + ' MiB'; }
   function rest(o, skip) {
     var r = {}, n = 0;
     Object.keys(o).forEach(function (k) { if (skip.indexOf(k) < 0) { r[k] = o[k]; n++; } });
-    return n ? JSON.stringify(r, null, 2) : '';
+    return n ? dump(r) : '';
   }
   function argv(a) {
     if (!Array.isArray(a)) return str(a);
@@ -606,7 +631,13 @@ REVIEW_JS = r"""
       if (!rec) return;
       side.querySelectorAll('[data-file]').forEach(function (box) {
         var f = rec.files[box.getAttribute('data-file')];
-        if (box.classList.contains('transcript')) renderTranscript(box, f); else renderText(box, f);
+        try {
+          if (box.classList.contains('transcript')) renderTranscript(box, f); else renderText(box, f);
+        } catch (e) {  // one file the page cannot render still leaves the others, and itself as text
+          box.textContent = '';
+          box.appendChild(el('p', 'muted', 'could not be shown as a conversation (' + String(e && e.name) + '): shown as text'));
+          box.appendChild(el('pre', 'blob', f ? rawText(f) : ''));
+        }
       });
     });
   }

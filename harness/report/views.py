@@ -545,20 +545,30 @@ def _size(v: Any) -> str | None:
     return None if v is None else format_size(v)
 
 
+def _as(v: Any, kind: type) -> Any:
+    """A stored diff's part as the grader writes it, or empty: a store changed outside harness
+    may hold anything there, and what cannot be read is left out, not a traceback."""
+    return v if isinstance(v, kind) else kind()
+
+
+def _count(v: Any, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
 def diff_summary(state_diff: dict | None) -> list[dict[str, Any]]:
     """Per table: status and rows added / removed / changed (the full counts; the stored
     diff keeps only the first rows)."""
     out = []
-    for td in (state_diff or {}).get("tables", []) or []:
-        counts = td.get("counts") or {}
+    for td in _as(_as(state_diff, dict).get("tables"), list):
+        if not isinstance(td, dict):
+            continue
+        counts = _as(td.get("counts"), dict)
         out.append({
             "table": td.get("table"),
             "status": td.get("status"),
-            "added": counts.get("added", len(td.get("added") or [])),
-            "removed": counts.get("removed", len(td.get("removed") or [])),
-            "changed": counts.get("changed", len(td.get("changed") or [])),
-            "columns_added": list(td.get("columns_added") or []),
-            "columns_removed": list(td.get("columns_removed") or []),
+            **{k: _count(counts.get(k), len(_as(td.get(k), list))) for k in ("added", "removed", "changed")},
+            "columns_added": list(_as(td.get("columns_added"), list)),
+            "columns_removed": list(_as(td.get("columns_removed"), list)),
         })
     return out
 
@@ -566,19 +576,25 @@ def diff_summary(state_diff: dict | None) -> list[dict[str, Any]]:
 def diff_lines(state_diff: dict | None, limit: int = 12) -> list[str]:
     """Human phrases for the state diff (the grader's wording), at most ``limit``; for a
     ``files`` state, one per changed path."""
-    sd = state_diff or {}
+    sd = _as(state_diff, dict)
     if isinstance(sd.get("files"), dict):
         fd = sd["files"]
-        lines = [str(x) for x in fd.get("lines") or []]
-        total = max(int(fd.get("total") or 0), len(lines))
+        lines = [_one(x) for x in _as(fd.get("lines"), list)]
+        total = max(_count(fd.get("total"), 0), len(lines))
         shown = lines[:limit]
         return shown + ([f"… {total - len(shown)} more path(s)"] if total > len(shown) else [])
-    lines = [str(x) for x in sd.get("lines") or []]
+    lines = [_one(x) for x in _as(sd.get("lines"), list)]
     if not lines:  # a record from an older harness: counts only
         return [f"{d['table']}: {d['status']} +{d['added']} -{d['removed']} ~{d['changed']}" for d in diff_summary(state_diff)][:limit]
-    total = max(int(sd.get("lines_total") or 0), len(lines))
+    total = max(_count(sd.get("lines_total"), 0), len(lines))
     shown = lines[:limit]
     return shown + ([f"… {total - len(shown)} more"] if total > len(shown) else [])
+
+
+def _one(x: Any) -> str:
+    """A stored diff line as one line: a newline in it (a file name's, in a store an older
+    grader wrote) is shown escaped, never as a line of its own."""
+    return str(x).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _cut(text: str, width: int) -> str:
@@ -594,22 +610,21 @@ def diff_row_lines(state_diff: dict | None, rows: int = 5, width: int = 300) -> 
     ``rows`` of each table; the stored diff keeps the first 20): ``refunds +(id=1) amount_cents=15000,
     method="original"``. Strings quoted on one line, each value and line cut."""
     out = []
-    for td in (state_diff or {}).get("tables", []) or []:
+    for td in _as(_as(state_diff, dict).get("tables"), list):
         if not isinstance(td, dict) or td.get("status") != "changed":
             continue
-        key = [k for k in td.get("key") or [] if isinstance(k, str)]
-        counts = td.get("counts") if isinstance(td.get("counts"), dict) else {}
+        key = [k for k in _as(td.get("key"), list) if isinstance(k, str)]
+        counts = _as(td.get("counts"), dict)
         for sign, kind in (("+", "added"), ("-", "removed")):
-            got = [r for r in td.get(kind) or [] if isinstance(r, dict)]
+            got = [r for r in _as(td.get(kind), list) if isinstance(r, dict)]
             shown = got[:rows]
             for r in shown:
                 ident = ", ".join(f"{k}={_cell(r.get(k), 40)}" for k in key if k in r)
                 vals = ", ".join(f"{c}={_cell(v)}" for c, v in r.items() if c not in key)
-                out.append(_cut(f"{td.get('table')} {sign}({ident}) {vals}" if ident else f"{td.get('table')} {sign} {vals}", width))
-            n = counts.get(kind)
-            more = max(n if isinstance(n, int) else 0, len(got)) - len(shown)
+                out.append(_cut(_one(f"{td.get('table')} {sign}({ident}) {vals}" if ident else f"{td.get('table')} {sign} {vals}"), width))
+            more = max(_count(counts.get(kind), 0), len(got)) - len(shown)
             if more > 0:
-                out.append(f"{td.get('table')} {sign}… {more} more row(s) {kind}")
+                out.append(_one(f"{td.get('table')} {sign}… {more} more row(s) {kind}"))
     return out
 
 

@@ -180,7 +180,11 @@ def diff_trees(fx: dict[str, dict[str, Any]], fin: dict[str, dict[str, Any]]) ->
 
 
 def _line(c: dict[str, Any]) -> str:
-    return f"{c['path']} {c['change'] if c['change'] != 'type' else 'changed type'}" + (f" ({c['detail']})" if c["detail"] else "")
+    # a path with a newline, a control or a space at its edge is quoted (JSON-escaped), so that
+    # no name an agent chose can pass for another line of the diff or end where it does not
+    p = c["path"]
+    p = p if p.isprintable() and p == p.strip() else json.dumps(p, ensure_ascii=False)
+    return f"{p} {c['change'] if c['change'] != 'type' else 'changed type'}" + (f" ({c['detail']})" if c["detail"] else "")
 
 
 # --------------------------------------------------------------------------- expectations

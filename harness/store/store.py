@@ -18,6 +18,7 @@ import collections
 import datetime as dt
 import functools
 import json
+import math
 import os
 import typing
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.counters import Sample
 from harness.model.errors import StoreError, StoreLost
+from harness.model.gateway import ModelCall
 from harness.model.run import RunRecord
 from harness.model.units import collector_paused, one_line, utcnow
 from harness.store.orm import AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow
@@ -495,10 +497,21 @@ _ENUMS = {"verdict": ("clean", "discarded"), "outcome": ("pass", "fail", None), 
 _FLOORS = {"slot": 0, "attempt_no": 1}
 
 
+# JSON columns whose items have a record type of their own, checked at read as that type (the
+# record keeps them as dicts): a report sums a call's tokens, an export turns its times into spans
+_ITEMS: dict[str, Any] = {"model_calls": list[ModelCall]}
+
+
 @functools.lru_cache(maxsize=64)
 def _adapter(field: str) -> TypeAdapter:
-    """Validates what an attempt's JSON column holds (its AttemptRecord field's type)."""
-    return TypeAdapter(AttemptRecord.model_fields[field].annotation)
+    """Validates what an attempt's JSON column holds (its AttemptRecord field's type, or its
+    items' record type)."""
+    return TypeAdapter(_ITEMS.get(field) or AttemptRecord.model_fields[field].annotation)
+
+
+# what a run's profile holds as numbers (a store changed outside harness may hold anything)
+_PROFILE_NUMBERS = ("cpus", "cores", "cpu_period_us", "memory", "pids", "storage", "io_read_bps", "io_write_bps", "output_cap",
+                    "sample_hz", "override_scale")
 
 
 @functools.lru_cache(maxsize=256)
@@ -599,7 +612,11 @@ def _attempt_record(row: dict[str, Any], url: str) -> AttemptRecord:
         if row.get(k) is None:
             row[k] = {}
     row["samples"] = []
-    return _validated(AttemptRecord, row, url, f"attempt {row.get('id')}")
+    rec = _validated(AttemptRecord, row, url, f"attempt {row.get('id')}")
+    for k in _ITEMS:
+        if getattr(rec, k):
+            _validated_as(_adapter(k).validate_python, getattr(rec, k), url, f"attempt {row.get('id')}: column {k}")
+    return rec
 
 
 def _run_record(row: dict[str, Any], url: str) -> RunRecord:
@@ -615,6 +632,10 @@ def _run_record(row: dict[str, Any], url: str) -> RunRecord:
         if row.get(k) is None:
             row[k] = ""
     run = _validated(RunRecord, row, url, f"run {one_line(str(row.get('id')), 60)}")
+    for k in _PROFILE_NUMBERS:
+        v = run.profile_json.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise StoreError(_damaged(url, f"run {one_line(run.id, 60)}: profile_json.{k} holds a {type(v).__name__}"))
     if any(k > run.trials for k in run.ks):  # a run never fixes a k beyond its trials
         raise StoreError(_damaged(url, f"run {one_line(run.id, 60)}: ks {run.ks} exceed its {run.trials} trials"))
     return run
@@ -635,8 +656,12 @@ def _validated(model: Any, row: dict[str, Any], url: str, what: str) -> Any:
     for k in [k for k, v in row.items() if v is None and k not in ok and k in model.model_fields]:
         if not model.model_fields[k].is_required():
             del row[k]
+    return _validated_as(model.model_validate, row, url, what)
+
+
+def _validated_as(validate: Any, row: Any, url: str, what: str) -> Any:
     try:
-        return model.model_validate(row)
+        return validate(row)
     except ValidationError as e:
         first = e.errors(include_input=False, include_url=False)[0]
         loc = ".".join(str(x) for x in first.get("loc", ())) or "?"
