@@ -146,6 +146,16 @@ def test_resume_with_identity_options_is_refused(tmp_path):
     assert_usage_error(r, tmp_path, "--resume keeps the run's identity", "--trials")
     r = harness(tmp_path, "run", "--resume", "last", "--seed", "5", "--db", db(tmp_path))  # was taken and ignored
     assert_usage_error(r, tmp_path, "--resume keeps the run's identity", "--seed")
+    r = harness(tmp_path, "run", "--resume", "last", "--note", "again", "--db", db(tmp_path))  # was dropped
+    assert_usage_error(r, tmp_path, "--resume keeps the run's identity", "--note")
+
+
+@pytest.mark.parametrize("args,says", [(["--tasks", ",,"], "names no task"), (["--tasks", " "], "names no task"),
+                                       (["--agent-cmd", ""], "--agent-cmd is empty")])
+def test_an_empty_list_is_refused_never_read_as_all(tmp_path, args, says):
+    # a CI variable that expanded to nothing ran the whole suite, or the suite's own agent
+    r = harness(tmp_path, "run", "--suite", "refunds", *args, "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, says)
 
 
 def test_image_built_from_older_suite_files_is_refused(tmp_path, docker_client):

@@ -498,6 +498,9 @@ def test_a_file_name_with_a_newline_cannot_forge_a_line_of_the_files_diff():
     assert "\n" not in line and line.startswith('"notes.txt\\n/app') and line.endswith('" added')
     assert _line({"path": "/app/a b.txt", "change": "removed", "detail": None}) == "/app/a b.txt removed"
     assert _line({"path": " /app/x", "change": "removed", "detail": None}) == '" /app/x" removed'
+    # controls too, from the name as it is (its cleaned form made a\x1bb and a\x01b look the same)
+    a, b = (_line({"path": "\ufffd", "raw": f"/app/a{c}b", "change": "added", "detail": None}) for c in "\x1b\x01")
+    assert a == '"/app/a\\u001bb" added' and b == '"/app/a\\u0001b" added'
     # a line a grader of an older harness stored raw is still shown as one line
     got = diff_lines({"files": {"total": 1, "lines": [forged + " added"]}})
     assert got == ["notes.txt\\n/app/config.json unchanged added"]

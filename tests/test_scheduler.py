@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -81,7 +82,7 @@ def test_a_core_leased_by_another_process_waits(tmp_path, monkeypatch):
     assert waited > 0.8, "the lease must wait until the other controller releases core 1"
 
 
-PIN_PROBE = ("import os, sys; sys.argv = ['harness', *sys.argv[1:]]; from harness.cli import _keep_off_trial_cores, own_process; own_process(); "
+PIN_PROBE = ("import os, sys; sys.argv = ['harness', *sys.argv[1:]]; from harness.cli.commands import _keep_off_trial_cores, own_process; own_process(); "
              "_keep_off_trial_cores(); print(','.join(map(str, sorted(os.sched_getaffinity(0)))))")
 
 
@@ -96,6 +97,25 @@ def test_harness_commands_keep_off_the_trial_cores(argv, pinned):
     out = subprocess.run([sys.executable, "-c", PIN_PROBE, *argv], capture_output=True, text=True, check=True,
                          preexec_fn=lambda: os.sched_setaffinity(0, cpus)).stdout.strip()
     assert out == (str(cpus[0]) if pinned else ",".join(map(str, cpus)))
+
+
+def test_the_console_script_is_off_the_trial_cores_before_it_loads_anything_heavy():
+    """Its imports (~0.5 s of CPU) ran on every core before the command pinned itself: a
+    report beside a run was that run's foreign CPU for its first half second."""
+    cpus = sorted(range(os.cpu_count() or 1))
+    if len(cpus) < 2:
+        missing("needs two cores (CI/HARNESS_REQUIRE_DOCKER machines have two)")
+    code = ("import os, sys; import harness.cli as c; "
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'sqlalchemy', 'typer', 'rich', 'docker', 'numpy') "
+            "or m.startswith('harness.') and m != 'harness.cli'); c._pin_early(); "
+            "from harness.engine.scheduler import CpuPool; p = CpuPool.for_host(); "
+            "print(heavy, sorted(os.sched_getaffinity(0)), p.cpus, p.reserved)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, cpus)).stdout.strip()
+    assert out == f"[] {[cpus[0]]} {cpus} {cpus[:1]}"
+    src = (Path(__file__).parents[1] / "harness" / "cli" / "__init__.py").read_text()
+    body = src[src.index("def main()"):]
+    assert body.index("_pin_early()") < body.index("from harness.cli.commands import")
 
 
 def test_a_pinned_controller_still_sees_the_machines_cores():

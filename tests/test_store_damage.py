@@ -96,7 +96,7 @@ DEEP = [("attempts", "error", "CAST(x'41ff' AS TEXT)"), ("attempts", "task_id", 
         ("samples", "t", "'x'"), ("samples", "memory_current", "x'00ff'"),
         ("attempts", "model_calls", "'[{\"provider\": \"openai\", \"started\": 1, \"tokens_in\": \"x\"}]'"),
         ("attempts", "model_calls", "'[{\"latency_s\": \"slow\"}]'"), ("runs", "profile_json", "'{\"cpus\": \"x\"}'"),
-        ("runs", "profile_json", "'{\"memory\": [1]}'")]
+        ("runs", "profile_json", "'{\"memory\": [1]}'"), ("runs", "trials", "1000000000")]
 
 
 @pytest.mark.parametrize("table,column,sql", DEEP)

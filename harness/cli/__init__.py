@@ -1,33 +1,49 @@
-"""The ``harness`` command line: thin typer commands, registered here explicitly.
+"""The ``harness`` command line: thin typer commands, registered explicitly in
+``harness.cli.commands``.
 
 Parse, validate, call the engine or the report layer, print. No SQL and no Docker calls
 here; errors are mapped to exit codes in one place (``harness.cli.app.HarnessGroup``).
+
+This module imports nothing heavy: the console script keeps itself off the trial cores
+first (:func:`main`), then loads the commands (pydantic, SQLAlchemy, rich: ~0.5 s of CPU that
+ran on every core, a concurrent run's trial core among them, as its foreign CPU).
 """
 
 from __future__ import annotations
 
-import sys
-
-from harness.cli import export, inspect, report, run, sandbox, suites
-from harness.cli.app import app, guard_terminal, keep_to_reserved, own_process
-
-for _module in (sandbox, run, suites, report, inspect, export):
-    _module.register(app)
+import os
+from typing import Any
 
 
-def _keep_off_trial_cores() -> None:
-    """A harness command (a report, `show`, an image build) runs on a run's reserved cores;
-    `run` pins itself by its own --reserve-cores."""
-    if next((a for a in sys.argv[1:] if not a.startswith("-")), "") != "run":
-        keep_to_reserved()
+def _pin_early() -> None:
+    """Before the commands load: this process on the first core it may use, the one a run
+    reserves for its controller by default (each command then pins itself exactly: every one
+    to the reserved cores, `run` by its --reserve-cores). One thread exists yet, so the mask
+    is every later thread's too."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        try:
+            os.sched_setaffinity(0, {cpus[0]})
+        except OSError:  # a cpuset that changed under us: the exact pin below decides
+            pass
 
 
 def main() -> None:
     """Console-script entry point (``harness``, ``python -m harness``)."""
-    own_process()
-    guard_terminal()
-    _keep_off_trial_cores()
-    app()
+    _pin_early()
+    from harness.cli.commands import start
+
+    start()
+
+
+def __getattr__(name: str) -> Any:  # `from harness.cli import app`: the commands load on first use
+    if name != "app":
+        raise AttributeError(f"module 'harness.cli' has no attribute {name!r}")
+    from harness.cli import commands
+
+    # loading them bound the submodule harness.cli.app to this name: the typer app it holds wins
+    globals()["app"] = commands.app
+    return commands.app
 
 
 __all__ = ["app", "main"]

@@ -140,9 +140,10 @@ def keep_to_reserved(reserve_cores: int | None = None) -> None:
     if not owns_process():
         return
     try:
-        pin_process(list(CpuPool.for_host(reserve=reserve_cores).reserved))
-    except SchedulerError:
-        pass
+        pool = CpuPool.for_host(reserve=reserve_cores)
+    except SchedulerError:  # left for the run's plan to refuse; off the trial cores meanwhile
+        pool = CpuPool.for_host()
+    pin_process(list(pool.reserved or pool.cpus))  # none reserved (--reserve-cores 0): it shares every core, as it would unpinned
 
 DB_HELP = "Database URL (SQLAlchemy), default sqlite:///.harness/harness.db or $HARNESS_DB."
 

@@ -107,7 +107,7 @@ def run(
     from harness.engine.runner import RunOptions, Runner, refill_plan
 
     if (suite is None) == (resume is None):
-        die("give --suite SUITE for a new run, or --resume RUN to continue one (not both)")
+        die("give --suite SUITE for a new run, or --resume RUN to continue one" + (" (not both)" if suite is not None else ""))
     if refill_unmeasured and resume is None:
         die("--refill-unmeasured refills a stored run's unmeasured slots: give --resume RUN with it")
     from harness.engine.runner import lane_depth, probe_seconds
@@ -124,11 +124,15 @@ def run(
         require_otel()
     elif otlp_header:
         die("--otlp-header goes with --otlp ENDPOINT")
+    if tasks is not None and not any(t.strip() for t in tasks.split(",")):
+        die(f"--tasks {tasks!r} names no task (give ids separated by commas, or leave --tasks out to run them all)")
+    if agent_cmd is not None and not agent_cmd.strip():
+        die("--agent-cmd is empty; give the command that starts your agent (or leave it out for the suite's)")
     if resume is not None:
         given = {"--profile": profile, "--trials": trials, "--tasks": tasks, "--k": k, "--max-reruns": max_reruns,
                  "--agent-image": agent_image, "--agent-cmd": agent_cmd, "--agent": agent, "--base-map": base_map or None,
                  "--secret": secret or None, "--upstream": upstream or None, "--network": network, "--agent-env": agent_env or None,
-                 "--seed": seed}
+                 "--seed": seed, "--note": note or None}
         clash = [k for k, v in given.items() if v is not None]
         if clash:
             die(f"--resume keeps the run's identity; {', '.join(clash)} cannot change it (start a new run instead)")
@@ -330,7 +334,10 @@ def print_summary(s: dict[str, Any]) -> None:
     a = s["attempts"]
     line = f"attempts {a['total']}: clean {a['clean']}, discarded {a['discarded']}"
     if s["discard_reasons"]:
-        line += " (" + ", ".join(f"{k} {v}" for k, v in sorted(s["discard_reasons"].items())) + ")"
+        reasons = s["discard_reasons"]
+        several = sum(reasons.values()) > a["discarded"]  # an attempt that broke two rules is in both
+        line += (" (" + ("by rule, an attempt in each it broke: " if several else "")
+                 + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) + ")")
     if s["unmeasured_slots"]:
         line += f"; [yellow]{s['unmeasured_slots']} unmeasured slots (not scored)[/]"
     console.print(line, highlight=False)

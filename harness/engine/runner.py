@@ -43,7 +43,7 @@ from harness.measure import host as hoststats
 from harness.model.attempt import AttemptRecord
 from harness.model.errors import HarnessError, ProfileError, RunError, StoreLost
 from harness.model.profile import Profile
-from harness.model.run import RunRecord
+from harness.model.run import MAX_SLOTS, MAX_TRIALS, RunRecord
 from harness.model.suite import Suite, Task
 from harness.model.units import utcnow
 from harness.sandbox.basemap import BaseMap
@@ -173,8 +173,8 @@ class Runner:
                 raise
             raise ProfileError(f"{suite.root / 'suite.toml'}: profile: {e}") from None
         trials = opts.trials if opts.trials is not None else suite.trials
-        if trials < 1:
-            raise RunError(f"--trials must be at least 1 (got {trials})")
+        if not 1 <= trials <= MAX_TRIALS:
+            raise RunError(f"--trials must be 1 to {MAX_TRIALS:,} (got {trials})")
         ks = resolve_ks(opts.ks, list(suite.k), trials, suite.name)
         max_reruns = opts.max_reruns if opts.max_reruns is not None else suite.max_reruns
         if max_reruns < 0:
@@ -193,6 +193,9 @@ class Runner:
                 raise RunError("\n".join(f"{t}: {why}" for t, why in refused.items()))
         else:
             tasks = list(suite.tasks)
+        if len(tasks) * trials > MAX_SLOTS:
+            raise RunError(f"{len(tasks):,} tasks x {trials:,} trials is more than the {MAX_SLOTS:,} slots a run may have; "
+                           "fewer trials, or a run per part of the suite (--tasks)")
         pool = CpuPool.for_host(reserve=opts.reserve_cores)
         agent_cmd = agents.run_agent_cmd(opts.agent, opts.agent_cmd, suite)
         named = suite.agents.get(opts.agent or "")
@@ -309,6 +312,9 @@ class Runner:
         run_conc = pool.concurrency(_max_cores(prep.profiles), concurrency if concurrency is not None else run.concurrency)
         facts = hoststats.host_facts()
         kind = executor or run.executor or "local"
+        if ray_address and kind != "ray":
+            raise RunError(f"--ray-address joins a Ray cluster, and run {run.id} resumes on the {kind} executor: "
+                           "give --executor ray with it, or leave the address out")
         nodes = dict(run.nodes)
         if kind == "ray":
             opts = RunOptions(suite=run.suite, concurrency=concurrency, reserve_cores=reserve_cores, executor="ray",

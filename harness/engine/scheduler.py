@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import harness
 from harness.model.errors import LeaseTimeout, SchedulerError
 from harness.model.units import one_line
 from harness.sandbox.owners import controller_id
@@ -100,7 +101,7 @@ def _open_lock_file(dir_fd: int, d: Path, name: str) -> int:
 
 # the CPUs this process could run on when it started (taskset, a container's cpuset), before
 # pin_process() kept it to its reserved cores: what the trials may use is read from this
-_START_CPUS = sorted(os.sched_getaffinity(0))
+_START_CPUS = sorted(harness.START_CPUS)
 
 
 def allowed_cpus() -> list[int]:

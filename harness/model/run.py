@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 RunStatus = Literal["running", "complete", "interrupted", "failed"]
+MAX_TRIALS = 10_000  # trial slots per task a run may have (a suite's trials, --trials)
+MAX_SLOTS = 10_000_000  # tasks x trials of one run: every reader holds a view of each slot
 
 
 class _M(BaseModel):
@@ -100,7 +102,9 @@ class RunIdentity(_M):
         if a.suite != b.suite:
             blocking.append(f"suite differs: A {a.suite!r} vs B {b.suite!r}")
         if a.suite_hash != b.suite_hash:
-            blocking.append(f"suite_hash differs: A {a.suite_hash} vs B {b.suite_hash} (tasks, fixtures or expectations changed)")
+            blocking.append(f"suite_hash differs: A {a.suite_hash} vs B {b.suite_hash} (a file of the suite directory changed: "
+                            "its tasks, fixtures or expectations, or an agent kept there, which is then part of the suite; "
+                            "comparing two agents on the same tasks: --allow-mismatch)")
         pa, pb = _profile_norm(a.profile_json), _profile_norm(b.profile_json)
         if pa != pb:
             blocking.append(f"profile differs: A {a.profile!r} vs B {b.profile!r} ({dict_diff(pa, pb)})")
@@ -152,7 +156,7 @@ class RunRecord(_M):
     host: dict[str, Any] = Field(default_factory=dict)
     cgroup_version: str = ""
     identity_hash: str = ""
-    trials: int = Field(..., ge=1, description="n: trial slots per task.")
+    trials: int = Field(..., ge=1, le=MAX_TRIALS, description="n: trial slots per task.")
     ks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1], description="k values fixed before the run.")
     max_reruns: int = Field(..., ge=0, description="Reruns of a discarded slot before it ends unmeasured.")
     seed: int = 0

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from harness.model.profile import EnvelopeOverride
+from harness.model.run import MAX_TRIALS
 from harness.model.state import (
     SLUG, Expectation, ExpectationsGraderSpec, FileExpectation, GraderSpec, PostgresStateSpec, SandboxOptions,
     BuildSpec, ServiceSpec, SqliteStateSpec, StateSpec, check_abs_path,
@@ -201,7 +202,7 @@ class SuiteSpec(_Strict):
     agent_dir: str | None = Field(None, description="A directory of the suite mounted read-only at /harness/agent in every "
                                   "sandbox (an agent that is not in the task images).")
     profile: str = Field("standard", min_length=1, description="Default sandbox profile name.")
-    trials: int = Field(8, ge=1, le=10_000, description="n: trial slots per task.")
+    trials: int = Field(8, ge=1, le=MAX_TRIALS, description="n: trial slots per task.")
     k: list[int] = Field(default_factory=lambda: [1], min_length=1, description="k values to report pass@k / pass^k for; each <= trials.")
     max_reruns: int = Field(3, ge=0, le=100, description="Reruns of a slot whose attempts are discarded (SLA breach) before it ends unmeasured.")
     state: Literal["sqlite", "files", "postgres", "container"] = Field(

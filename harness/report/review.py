@@ -470,9 +470,12 @@ REVIEW_JS = r"""
   function el(tag, cls, text) {
     var e = document.createElement(tag);
     if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
+    // a lone surrogate (a transcript's own "\ud800", parsed here) is U+FFFD: a DOM holding one
+    // cannot be saved as HTML (headless Chromium's --dump-dom dies on it)
+    if (text !== undefined) e.textContent = (typeof text === 'string' ? text : str(text)).replace(/\p{Cs}/gu, '\ufffd');
     return e;
   }
+  function own(o, k) { return Object.prototype.hasOwnProperty.call(o, k); }
   // JSON indented by the page, bounded: an agent's deeply nested value is cut at DEPTH levels
   // and its text at SIZE characters, so one line can neither blow the stack nor grow
   // quadratically with its indentation (JSON.stringify(v, null, 2) does both).
@@ -505,13 +508,13 @@ REVIEW_JS = r"""
   }
   function size(n) { return n < 1024 ? n + ' B' : n < 1048576 ? (n / 1024).toFixed(1) + ' KiB' : (n / 1048576).toFixed(1) + ' MiB'; }
   function rest(o, skip) {
-    var r = {}, n = 0;
+    var r = Object.create(null), n = 0;  // an own '__proto__' key is kept as a key
     Object.keys(o).forEach(function (k) { if (skip.indexOf(k) < 0) { r[k] = o[k]; n++; } });
     return n ? dump(r) : '';
   }
   function argv(a) {
     if (!Array.isArray(a)) return str(a);
-    return a.map(function (x) { x = String(x); return /^[\w@%+=:,.\/-]+$/.test(x) ? x : JSON.stringify(x); }).join(' ');
+    return a.map(function (x) { x = typeof x === 'string' ? x : str(x); return /^[\w@%+=:,.\/-]+$/.test(x) ? x : JSON.stringify(x); }).join(' ');
   }
   function meta(o) {
     var m = [];
@@ -547,7 +550,7 @@ REVIEW_JS = r"""
     if (o.message && typeof o.message === 'object' && typeof o.message.role === 'string') {
       return fromRole(o.message, true).map(function (m) { return [m[0], (t === 'reply' ? 'model reply: ' : t + ': ') + m[1], m[2]]; });
     }
-    var k = KINDS[t];
+    var k = own(KINDS, t) ? KINDS[t] : null;  // never a name the prototype has (constructor, __proto__, toString)
     if (!k) return [[/error|fail|gave_up/i.test(t) ? 'error' : 'event', t, rest(o, COMMON)]];
     var cls = k[0], label = k[1], text;
     if (cls === 'tool_call') {

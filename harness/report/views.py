@@ -36,7 +36,8 @@ TRIAL_FIELDS: dict[str, tuple[str, str]] = {
     "attempt": ("count", "Attempt number within the slot (1 = first; >1 = rerun after a discard)."),
     "verdict": ("-", "clean (reaches the estimator) or discarded (an SLA rule was breached; kept as evidence)."),
     "reasons": ("-", "SLA rules the attempt breached (JSON list; ';'-joined in CSV; empty when clean)."),
-    "outcome": ("-", "pass or fail, graded on the final state (clean attempts only)."),
+    "outcome": ("-", "pass or fail, graded on the final state; a discarded attempt is graded too and never scored "
+                     "(count passes with verdict = clean)."),
     "failure_kind": ("-", "wrong_state, crashed, timeout, oom_killed or ungradable (failed attempts only)."),
     "exit_code": ("-", "Exit status of the agent command (empty when it never ran or was killed)."),
     "timed_out": ("bool", "The agent hit its wall-clock timeout and was killed."),
@@ -585,7 +586,7 @@ def diff_lines(state_diff: dict | None, limit: int = 12) -> list[str]:
         return shown + ([f"… {total - len(shown)} more path(s)"] if total > len(shown) else [])
     lines = [_one(x) for x in _as(sd.get("lines"), list)]
     if not lines:  # a record from an older harness: counts only
-        return [f"{d['table']}: {d['status']} +{d['added']} -{d['removed']} ~{d['changed']}" for d in diff_summary(state_diff)][:limit]
+        return [_one(f"{d['table']}: {d['status']} +{d['added']} -{d['removed']} ~{d['changed']}") for d in diff_summary(state_diff)][:limit]
     total = max(_count(sd.get("lines_total"), 0), len(lines))
     shown = lines[:limit]
     return shown + ([f"… {total - len(shown)} more"] if total > len(shown) else [])

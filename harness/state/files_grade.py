@@ -182,7 +182,7 @@ def diff_trees(fx: dict[str, dict[str, Any]], fin: dict[str, dict[str, Any]]) ->
 def _line(c: dict[str, Any]) -> str:
     # a path with a newline, a control or a space at its edge is quoted (JSON-escaped), so that
     # no name an agent chose can pass for another line of the diff or end where it does not
-    p = c["path"]
+    p = c.get("raw", c["path"])  # the name as it is: two names differing in a control stay two
     p = p if p.isprintable() and p == p.strip() else json.dumps(p, ensure_ascii=False)
     return f"{p} {c['change'] if c['change'] != 'type' else 'changed type'}" + (f" ({c['detail']})" if c["detail"] else "")
 

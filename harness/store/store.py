@@ -35,7 +35,7 @@ from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.counters import Sample
 from harness.model.errors import StoreError, StoreLost
 from harness.model.gateway import ModelCall
-from harness.model.run import RunRecord
+from harness.model.run import MAX_SLOTS, RunRecord
 from harness.model.units import collector_paused, one_line, utcnow
 from harness.store.orm import AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow
 
@@ -636,6 +636,9 @@ def _run_record(row: dict[str, Any], url: str) -> RunRecord:
         v = run.profile_json.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
             raise StoreError(_damaged(url, f"run {one_line(run.id, 60)}: profile_json.{k} holds a {type(v).__name__}"))
+    if len(run.task_ids) * run.trials > MAX_SLOTS:  # every reader would hold a view of each slot
+        raise StoreError(_damaged(url, f"run {one_line(run.id, 60)}: {len(run.task_ids):,} tasks x {run.trials:,} trials "
+                                       f"is more than the {MAX_SLOTS:,} slots a run may have"))
     if any(k > run.trials for k in run.ks):  # a run never fixes a k beyond its trials
         raise StoreError(_damaged(url, f"run {one_line(run.id, 60)}: ks {run.ks} exceed its {run.trials} trials"))
     return run
