@@ -505,3 +505,30 @@ def test_a_file_name_with_a_newline_cannot_forge_a_line_of_the_files_diff():
     got = diff_lines({"files": {"total": 1, "lines": [forged + " added"]}})
     assert got == ["notes.txt\\n/app/config.json unchanged added"]
     assert diff_lines({"lines": ["t +1 row\nforged"], "lines_total": 1}) == ["t +1 row\\nforged"]
+
+
+def test_a_child_that_exits_before_it_is_watched_is_still_waited_for():
+    """The in-sandbox finish program dropped its Popen object at once; when the child was done
+    before pidfd_open (a quick command, a host that stalled us: seen as host_steal attempts
+    in CI), the object's finalizer had reaped it and the export died with ProcessLookupError."""
+    import io
+    import runpy
+    import select
+    import signal
+    import subprocess as real
+    import sys
+    from types import SimpleNamespace
+
+    from harness.sandbox.finish import FINISH
+
+    class StalledHostPopen(real.Popen):  # stands for the stall: returns only once the child is a zombie
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            while Path(f"/proc/{self.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z":
+                time.sleep(0.005)
+
+    ns = {"os": os, "io": io, "runpy": runpy, "select": select, "signal": signal, "sys": sys, "time": time,
+          "subprocess": SimpleNamespace(Popen=StalledHostPopen, DEVNULL=real.DEVNULL)}
+    exec(FINISH[FINISH.index("def run("):FINISH.index("\ndef refuse(")], ns)
+    rc, timed_out, out, err, n_out, n_err = ns["run"](["sh", "-c", "echo hi; exit 3"], 10, 100, {}, "/")
+    assert (rc, timed_out, out, err, n_out) == (3, False, b"hi\n", b"", 3)

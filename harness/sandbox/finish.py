@@ -57,6 +57,7 @@ def run(cmd, timeout, cap, env, cwd):
     # whole session at the timeout. Nothing is written to disk (the agent may have filled it).
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    proc = None
     if cmd[:3] == ["python3", "-I", "-S"] and len(cmd) > 3 and cmd[3].endswith(".py") and not env:
         # a python program under the same flags as this one: fork and run it, instead of
         # paying for a second interpreter start
@@ -85,8 +86,11 @@ def run(cmd, timeout, cap, env, cwd):
             finally:
                 os._exit(code)
     else:
-        pid = subprocess.Popen(cmd, stdout=out_w, stderr=err_w, stdin=subprocess.DEVNULL, cwd=cwd,
-                               env=dict(os.environ, **env) if env else None, start_new_session=True).pid
+        # the Popen object is kept: dropped, its finalizer reaps a child that already exited
+        # (a quick one, on a host that stalled us), and pidfd_open below found no such process
+        proc = subprocess.Popen(cmd, stdout=out_w, stderr=err_w, stdin=subprocess.DEVNULL, cwd=cwd,
+                                env=dict(os.environ, **env) if env else None, start_new_session=True)
+        pid = proc.pid
     os.close(out_w)
     os.close(err_w)
     pidfd = os.pidfd_open(pid)
@@ -112,6 +116,8 @@ def run(cmd, timeout, cap, env, cwd):
             if room > 0:
                 bufs[fd] += chunk[:room]
     rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if proc is not None:
+        proc.returncode = rc  # reaped here: its finalizer has nothing left to wait for
     for fd in (out_r, err_r, pidfd):
         os.close(fd)
     return rc, timed_out, bytes(bufs[out_r]), bytes(bufs[err_r]), counts[out_r], counts[err_r]
