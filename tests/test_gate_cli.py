@@ -205,12 +205,13 @@ def test_gate_baseline_regression_on_deterministic_tasks(db):
 
 
 def test_gate_matches_how_the_makefile_calls_it(db):
-    """`make gate` runs `harness run --json`, takes ["run_id"], then
-    `harness gate $run_id $(foreach r,$(REQUIRE),--require '$(r)')`."""
+    """`make gate` runs `harness run $(RUN_ARGS) $(foreach r,$(REQUIRE),--require '$(r)')`:
+    run's --require is gate's (same parser, same judgement: tests/test_run_docker.py)."""
     store, url = db
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
-    line = next(x for x in makefile.splitlines() if "$(HARNESS) gate" in x)
-    assert "$$run_id" in line and "--require '$(r)'" in line
+    target = makefile.split("\ngate:", 1)[1].split("\n\n", 1)[0]
+    line = next(x for x in target.splitlines() if "$(HARNESS) run" in x)
+    assert "$(RUN_ARGS)" in line and "--require '$(r)'" in line
     add_run(store, "0123456789abcdef", {"a": "✓✓✓✓", "b": "✓✓✓✓"}, ks=(1, 2, 4), minutes=5)
     require = "pass^4>=0.9 pass@1>=0.95"  # REQUIRE may hold several, space-separated
     args = shlex.split(" ".join(f"--require '{r}'" for r in require.split()))
@@ -308,3 +309,15 @@ def test_gate_cannot_be_passed_by_tasks_that_dropped_out(db):
     add_run(store, "eq", {"a": "✗✗✗", "b": "✓✓··"}, ks=(1, 3), minutes=3)
     r = gate(url, "eq", "--require", "pass^3==0")
     assert r.exit_code == 1 and "cannot show an exact value" in r.stdout
+
+
+def test_run_require_refuses_a_k_above_the_trials_before_anything_runs(tmp_path):
+    from conftest import run_cli
+
+    r = run_cli(tmp_path, "run", "--suite", "refunds", "--trials", "2", "--k", "1,2", "--require", "pass^4>=0.9")
+    assert r.returncode == 2 and "k=4 exceeds the 2 trials" in r.stderr, r.stderr
+    assert not (tmp_path / "home" / "harness.db").exists()
+    r = run_cli(tmp_path, "run", "--suite", "refunds", "--require", "pass^4 at least 0.9")
+    assert r.returncode == 2 and "METRIC OP VALUE" in r.stderr, r.stderr
+    r = run_cli(tmp_path, "run", "--resume", "last", "--require", "pass^1>=0.5")
+    assert r.returncode == 2 and "harness gate RUN" in r.stderr, r.stderr

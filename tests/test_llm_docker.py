@@ -66,7 +66,7 @@ def llm_run(tmp_path_factory, docker_client):
         spy = _Inspector(docker_client)
         spy.start()
         try:
-            res = _llm(tmp, up, "--trials", "1", "--k", "1")  # every task once: 16 attempts through the gateway
+            res = _llm(tmp, up, "--trials", "1", "--k", "1", "--max-reruns", "8")  # every task once: 16 attempts through the gateway (reruns: a stolen CI host)
         finally:
             spy.stop.set()
             spy.join()
@@ -130,7 +130,7 @@ def test_a_value_passed_by_value_is_refused(tmp_path, docker_client):
 
 
 def _single(tmp: Path, up: TestUpstream, task: str, *args: str):
-    res = _llm(tmp, up, "--tasks", task, "--trials", "1", "--k", "1", "--max-reruns", "3", *args)
+    res = _llm(tmp, up, "--tasks", task, "--trials", "1", "--k", "1", "--max-reruns", "8", *args)
     assert res.returncode in (0, 1), res.stderr[-3000:]
     run_id = json.loads(res.stdout)["run_id"]
     return sorted(_store(tmp).attempts(run_id), key=lambda a: a.attempt_no)

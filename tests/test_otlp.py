@@ -135,7 +135,7 @@ def otel_run(tmp_path_factory, docker_client):
         up.inject(status=429, times=4)  # more than the agent retries: its attempt is discarded (upstream) and rerun
         res = run_cli(tmp, "run", "--suite", "refunds", "--agent", "llm", "--secret", "OPENAI_API_KEY",
                       "--upstream", f"openai=http://host.docker.internal:{up.port}/v1", "--agent-env", "REFUNDS_LLM_MODEL=test-refunds",
-                      "--tasks", "outside-window,duplicate-charge", "--trials", "1", "--k", "1", "--max-reruns", "3", "--json",
+                      "--tasks", "outside-window,duplicate-charge", "--trials", "1", "--k", "1", "--max-reruns", "8", "--json",
                       "--otlp", live.url, "--otlp-header", f"authorization={HEADER_VALUE}",
                       env={"OPENAI_API_KEY": KEY}, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

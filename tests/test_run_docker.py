@@ -298,3 +298,23 @@ def test_a_run_that_fails_before_its_first_attempt_is_not_left_running(docker_cl
     with pytest.raises(EngineError, match="dead controllers left behind"):
         runner.execute()
     assert Store.open(db_url(tmp_path), mode="ro").get_run(runner.run.id).status == "failed"
+
+
+def test_run_require_gates_the_run_it_just_made(docker_client, tmp_path):
+    # probe: `append` passes, `extra-effect` leaves a wrong state -> pass^2 = 0.5, pass@1 = 0.5
+    r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "2", "--k", "1,2", "--max-reruns", "6",
+                "--require", "pass^2>=0.5", "--require", "pass@1>=0.9", "--db", db_url(tmp_path), "--json")
+    assert r.returncode == 1, r.stderr  # the agent fell short of a requirement: the gate's exit, not an error
+    out = json.loads(r.stdout)
+    gate = out["gate"]
+    assert gate["run_id"] == out["run_id"] and gate["ok"] is False
+    by_name = {c["name"]: c["ok"] for c in gate["checks"]}
+    assert by_name["pass^2>=0.5"] is True and by_name["pass@1>=0.9"] is False
+    # the same judgement as `harness gate` of the stored run
+    g = harness(tmp_path, "gate", out["run_id"], "--require", "pass^2>=0.5", "--require", "pass@1>=0.9",
+                "--db", db_url(tmp_path), "--json")
+    assert g.returncode == 1 and json.loads(g.stdout)["checks"] == gate["checks"]
+    t = harness(tmp_path, "run", "--suite", PROBE, "--trials", "2", "--k", "1,2", "--max-reruns", "6",
+                "--require", "pass^2>=0.5", "--db", db_url(tmp_path))
+    assert t.returncode == 0, t.stderr
+    assert "gate passed" in t.stdout and "pass^2>=0.5" in t.stdout

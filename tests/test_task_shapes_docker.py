@@ -563,7 +563,7 @@ def test_files_state_in_a_writable_root_sees_an_outward_link_as_a_change(docker_
             "q = '/app/config/settings.json'\n"
             "c = json.load(open(q)); c['workers'] = 4; json.dump(c, open(q, 'w'))\n"
             "os.symlink('/etc/passwd', '/app/config/pw')\n")
-    out, store = run_json(tmp_path, Path("ops"), "--tasks", "config-repair", "--trials", "1", "--k", "1", "--max-reruns", "3",
+    out, store = run_json(tmp_path, Path("ops"), "--tasks", "config-repair", "--trials", "1", "--k", "1", "--max-reruns", "8",
                           "--agent-cmd", shlex.join(["python3", "-c", code]), ok=False)
     [a] = clean(store, out["run_id"])
     assert a.outcome == "fail" and "extra effect" in a.grade_reason and "/app/config/pw" in a.grade_reason, (a.grade_reason, a.error)

@@ -215,9 +215,8 @@ def gate(
 
       harness gate last --baseline 3f2a --require 'pass^4>=0.9'
     """
-    from harness.core.aggregate import task_outcomes
     from harness.report.build import check_k
-    from harness.report.gate import GateCheck, check_baseline, check_measured, check_per_task, check_requirement, parse_per_task, parse_requirement
+    from harness.report.gate import parse_per_task, parse_requirement
 
     if confidence is not None and not 0.5 < confidence < 1:
         die(f"--confidence {confidence:g}: use a level strictly between 0.5 and 1, e.g. 0.95")
@@ -241,6 +240,23 @@ def gate(
         problem = check_k(row, req.k, fixed_only=False)
         if problem:
             die(f"requirement {req.text!r}: {problem}")
+    brow, battempts = _load(store, baseline) if baseline is not None else (None, [])
+    checks, notes = judge(row, attempts, reqs, pts, confidence, estimand, brow, battempts, baseline)
+    if json_out:
+        print(json.dumps(gate_doc(row, checks, notes), indent=2, ensure_ascii=False))
+    else:
+        print_gate(row, checks, notes)
+    if any(not c.ok for c in checks):
+        raise typer.Exit(EXIT_FAIL)
+
+
+def judge(row: RunRecord, attempts: list[Any], reqs: list[Any], pts: list[tuple[tuple[Any, float], str]],
+          confidence: float | None = None, estimand: str = "tasks", brow: RunRecord | None = None,
+          battempts: list[Any] = (), baseline: str | None = None) -> tuple[list[Any], list[str]]:
+    """The gate's checks of a run (and its notes); a bad --baseline exits 2."""
+    from harness.core.aggregate import task_outcomes
+    from harness.report.gate import GateCheck, check_baseline, check_measured, check_per_task, check_requirement
+
     outs = task_outcomes(row, attempts)
     checks = [check_requirement(r, outs, confidence, estimand) for r in reqs]
     checks += [check_per_task(r, share, outs, text) for (r, share), text in pts]
@@ -254,36 +270,38 @@ def gate(
     notes: list[str] = []
     if row.status != "complete":
         notes.append(f"run {row.id} is {row.status}; judging the slots measured so far")
-    if baseline is not None:
-        brow, battempts = _load(store, baseline)
+    if brow is not None:
         if brow.id == row.id:
             die(f"--baseline {baseline} is run {row.id} itself; pass an earlier run")
         if brow.suite != row.suite:
             die(f"--baseline {brow.id} ran suite {brow.suite}, run {row.id} ran suite {row.suite}; a baseline must be a run of the same suite")
         if brow.suite_hash != row.suite_hash:
             notes.append(f"baseline {brow.id} ran suite {brow.suite} ({brow.suite_hash}), this run {row.suite} ({row.suite_hash}); tasks matched by id")
-        bouts = task_outcomes(brow, battempts)
+        bouts = task_outcomes(brow, list(battempts))
         checks.append(
             check_baseline(bouts, outs, brow.id, marks={t.task_id: t.marks() for t in outs},
                            base_marks={t.task_id: t.marks() for t in bouts})
         )
+    return checks, notes
+
+
+def gate_doc(row: RunRecord, checks: list[Any], notes: list[str]) -> dict[str, Any]:
+    return {"run_id": row.id, "ok": all(c.ok for c in checks), "checks": [c.as_dict() for c in checks], "notes": notes}
+
+
+def print_gate(row: RunRecord, checks: list[Any], notes: list[str]) -> None:
     failed = [c for c in checks if not c.ok]
-    if json_out:
-        print(json.dumps({"run_id": row.id, "ok": not failed, "checks": [c.as_dict() for c in checks], "notes": notes}, indent=2, ensure_ascii=False))
-    else:
-        for n in notes:
-            err.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
-        for c in checks:
-            mark = "[green]ok  [/]" if c.ok else "[bold red]FAIL[/]"
-            console.print(f"{mark} {escape(c.name)}: {escape(c.message)}", highlight=False, soft_wrap=True)
-            for d in c.details:
-                console.print(f"       {d}", highlight=False, soft_wrap=True, markup=False)
-        if failed:
-            console.print(f"[bold red]gate failed[/]: {len(failed)} of {len(checks)} check(s) unmet for run {row.id}", highlight=False)
-        else:
-            console.print(f"[bold green]gate passed[/]: {len(checks)} check(s) hold for run {row.id}", highlight=False)
+    for n in notes:
+        err.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
+    for c in checks:
+        mark = "[green]ok  [/]" if c.ok else "[bold red]FAIL[/]"
+        console.print(f"{mark} {escape(c.name)}: {escape(c.message)}", highlight=False, soft_wrap=True)
+        for d in c.details:
+            console.print(f"       {d}", highlight=False, soft_wrap=True, markup=False)
     if failed:
-        raise typer.Exit(EXIT_FAIL)
+        console.print(f"[bold red]gate failed[/]: {len(failed)} of {len(checks)} check(s) unmet for run {row.id}", highlight=False)
+    else:
+        console.print(f"[bold green]gate passed[/]: {len(checks)} check(s) hold for run {row.id}", highlight=False)
 
 
 def compare(

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from harness.cli.app import DB_HELP, EXIT_INFRA, console, die, err, fmt3, keep_to_reserved
+from harness.cli.app import DB_HELP, EXIT_FAIL, EXIT_INFRA, console, die, err, fmt3, keep_to_reserved
 from harness.cli.progress import ProgressDisplay, sigterm_as_interrupt
 from harness.engine.events import Fanout
 
@@ -64,6 +64,9 @@ def run(
     otlp: Optional[str] = typer.Option(None, "--otlp", help="Send the run as OpenTelemetry traces while it runs, to this "
                                        "OTLP/HTTP endpoint (http://localhost:4318 or its .../v1/traces URL; needs "
                                        "`pip install 'harness\\[otel]'`). A collector that is down is noted once; the run goes on."),
+    require: list[str] = typer.Option([], "--require", "-r", help="Gate the run: METRIC OP VALUE as `harness gate --require` "
+                                      "takes it, e.g. 'pass^4>=0.9' (repeatable). Checked before anything runs (a k above the "
+                                      "trials is refused); judged after the run: exit 1 when one fails."),
     otlp_header: list[str] = typer.Option([], "--otlp-header", help="KEY=VALUE sent with every OTLP request (repeatable; "
                                           "values never printed; $OTEL_EXPORTER_OTLP_HEADERS is read too)."),
 ) -> None:
@@ -99,12 +102,16 @@ def run(
 
       harness run --suite refunds --otlp http://localhost:4318   (spans to a collector as it runs; see `harness export`)
 
-    Exit codes: 0 every slot measured (or within --max-unmeasured), 1 never (a failing
-    agent is a result, not an error), 2 usage error, 3 infrastructure (unmeasured slots
-    over the limit, tasks that could not run here, the engine), 130 interrupted.
+      harness run --suite refunds --trials 4 --require 'pass^4>=0.9'   (a release gate in one step: exit 1 when unmet)
+
+    Exit codes: 0 every slot measured (or within --max-unmeasured), 1 only when a --require
+    is unmet (a failing agent is a result, not an error), 2 usage error, 3 infrastructure
+    (unmeasured slots over the limit, tasks that could not run here, the engine; it wins over
+    1), 130 interrupted.
     """
     from harness.core.aggregate import summarize
     from harness.engine.runner import RunOptions, Runner, refill_plan
+    from harness.report.gate import parse_requirement
 
     if (suite is None) == (resume is None):
         die("give --suite SUITE for a new run, or --resume RUN to continue one" + (" (not both)" if suite is not None else ""))
@@ -137,6 +144,12 @@ def run(
         if clash:
             die(f"--resume keeps the run's identity; {', '.join(clash)} cannot change it (start a new run instead)")
     try:
+        reqs = [parse_requirement(q) for q in require]
+    except ValueError as e:
+        die(str(e))
+    if reqs and resume is not None:
+        die("--require gates a new run; to gate a resumed run, run `harness gate RUN --require ...` after it")
+    try:
         agent_argv = shlex.split(agent_cmd) if agent_cmd else None
     except ValueError as e:
         die(f"--agent-cmd {agent_cmd!r}: {e} (it is split like a shell command line)")
@@ -159,7 +172,7 @@ def run(
         base_map=list(base_map) or None,
         secrets=list(secret), upstreams=list(upstream), network=network, agent_env=list(agent_env),
         log=None if json_out else (lambda m: err.print(f"[dim]{m}[/]", highlight=False)),
-        executor=executor or "local", ray_address=ray_address,
+        executor=executor or "local", ray_address=ray_address, gate_ks=[(q.text, q.k) for q in reqs],
     )
     if executor not in (None, "local", "ray"):
         die(f"--executor {executor!r}: one of local, ray")
@@ -213,12 +226,22 @@ def run(
     summary["wall_s"] = round(wall, 1)
     not_run = dict(stored.excluded or {})
     summary["not_run"] = not_run
+    gate_failed = False
+    if reqs:
+        from harness.cli.report import gate_doc, judge, print_gate
+
+        checks, notes = judge(stored, attempts, reqs, [])
+        gate_failed = any(not c.ok for c in checks)
+        if json_out:
+            summary["gate"] = gate_doc(stored, checks, notes)
     if json_out:
         print(json.dumps(summary, indent=2))
     else:
         print_summary(summary)
         console.print(f"[dim]wall {wall:.0f}s; details: harness report {r.id}{at}   per-attempt: harness trials {r.id}{at}[/]",
                       highlight=False)
+        if reqs:
+            print_gate(stored, checks, notes)
     slots = len(r.task_ids) * r.trials
     unmeasured = int(summary.get("unmeasured_slots") or 0)
     if slots and unmeasured / slots > max_unmeasured + 1e-12:
@@ -239,6 +262,8 @@ def run(
             err.print(f"[yellow]{len(not_run)} task(s) could not run here[/] and are in no figure: {', '.join(sorted(not_run))} "
                       "(exit 3; the reasons are above and in `harness report`)", highlight=False)
         raise typer.Exit(EXIT_INFRA)
+    if gate_failed:
+        raise typer.Exit(EXIT_FAIL)
 
 
 def _db_arg(db: str | None) -> str:

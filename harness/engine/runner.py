@@ -78,6 +78,7 @@ class RunOptions:
     note: str = ""
     profile_obj: Profile | None = None  # an in-memory profile (sweeps); wins over `profile`
     ks: list[int] | None = None  # k values to report; default the suite's
+    gate_ks: list[tuple[str, int]] | None = None  # run --require: (requirement, its k), each k <= trials
     agent: str | None = None  # a built-in agent: oracle | nop
     base_map: list[str] | None = None  # --base-map FOREIGN=LOCAL entries (per-task image builds)
     log: Any = None  # where build progress goes (one line each)
@@ -176,6 +177,10 @@ class Runner:
         if not 1 <= trials <= MAX_TRIALS:
             raise RunError(f"--trials must be 1 to {MAX_TRIALS:,} (got {trials})")
         ks = resolve_ks(opts.ks, list(suite.k), trials, suite.name)
+        for text, k in opts.gate_ks or []:  # judged after the run: refused now, not after the run has been paid for
+            if k > trials:
+                raise RunError(f"--require {text!r}: k={k} exceeds the {trials} trials per task this run would have "
+                               f"(more --trials, or a smaller k)")
         max_reruns = opts.max_reruns if opts.max_reruns is not None else suite.max_reruns
         if max_reruns < 0:
             raise RunError("--max-reruns must be >= 0")
