@@ -201,3 +201,16 @@ def test_an_agent_command_missing_from_the_image_is_refused_before_the_run(tmp_p
                 "--db", db(tmp_path))
     assert_usage_error(r, tmp_path, "'no-such-agent' is not an executable file on the PATH of image harness/sandbox:latest",
                        "--agent-cmd")
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["run", "--trials", "x"], ["error:", "'--trials'", "harness run --help`"]),
+    (["run", "--no-such-option"], ["No such option: --no-such-option", "harness run --help`"]),
+    (["reprot"], ["No such command 'reprot'", "report", "harness --help`"]),
+    (["gate"], ["Missing argument", "harness gate --help`"]),
+    (["report", "--format", "xml"], ["'xml' is not one of", "harness report --help`"]),
+])
+def test_a_command_line_that_does_not_parse_is_one_line(tmp_path, args, needles):
+    r = harness(tmp_path, *args)
+    assert_usage_error(r, tmp_path, *needles)
+    assert r.stderr.startswith("error: ") and "╭" not in r.stderr and not r.stdout

@@ -84,7 +84,28 @@ def print_error(e: HarnessError) -> None:
 
 
 class HarnessGroup(TyperGroup):
-    """The command group: maps every HarnessError raised below it to its exit code."""
+    """The command group: maps every HarnessError raised below it to its exit code, and a
+    command line that does not parse (unknown option, bad value) to one line, exit 2."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError as ClickUsage
+        from typer.exceptions import Abort
+
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except NoArgsIsHelpError as e:  # `harness`, `harness sandbox`: the help was printed
+            sys.exit(e.exit_code)
+        except ClickException as e:
+            ctx = getattr(e, "ctx", None) if isinstance(e, ClickUsage) else None
+            where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            err.print(f"[bold red]error:[/] {escape(printable(e.format_message()))}{where}", highlight=False, soft_wrap=True)
+            sys.exit(e.exit_code)
+        except Abort:
+            err.print("aborted", highlight=False)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:
         try:
