@@ -214,3 +214,16 @@ def test_a_command_line_that_does_not_parse_is_one_line(tmp_path, args, needles)
     r = harness(tmp_path, *args)
     assert_usage_error(r, tmp_path, *needles)
     assert r.stderr.startswith("error: ") and "╭" not in r.stderr and not r.stdout
+
+
+def test_an_internal_error_exits_3_never_1(tmp_path):
+    """A bug (here a fake one: a command that raises ZeroDivisionError) is not a gate that
+    failed: exit 3 with the traceback and one line saying what it is."""
+    code = ("import harness.cli as cli, harness.cli.commands as c\n"
+            "def fake_bug(): 1 / 0\n"
+            "c.start = fake_bug\n"
+            "cli.main()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env={**os.environ, "HARNESS_HOME": str(tmp_path / "home")})
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert "ZeroDivisionError" in r.stderr and r.stderr.rstrip().splitlines()[-1].startswith("error: internal error in harness")

@@ -260,6 +260,10 @@ def test_a_deeply_nested_transcript_line_is_cut_not_hung_and_the_other_boxes_fil
         # names the prototype has, an argv item that is not a string, a lone surrogate the page parses
         '{"type": "constructor"}', '{"type": "tool_call", "argv": ["ls", {"toString": 1}]}',
         '{"role": "user", "content": "lone \\ud800 x", "__proto__": 1}',
+        # a bidi override and a control that would reorder or hide what the reviewer reads; JSON
+        # that is not an object; a number JSON.stringify makes null; a null argv item
+        '{"role": "assistant", "content": "a\\u202eb\\u0007c"}', '42',
+        '{"type": "tool_result", "exit": 1e400, "output": "x"}', '{"type": "tool_call", "argv": ["rm", null]}',
     ]
     (Path(atts[0].artifacts) / "transcript.jsonl").write_text("\n".join(lines) + "\n")
     (Path(atts[0].artifacts) / "stdout.txt").write_text("the stdout box still fills\n")
@@ -276,11 +280,13 @@ def test_a_deeply_nested_transcript_line_is_cut_not_hung_and_the_other_boxes_fil
     got = json.loads(m.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
     assert got["errors"] == []
     assert got["stdout"] == "the stdout box still fills\n"
-    assert len(got["msgs"]) == 6, got["heads"]
+    assert len(got["msgs"]) == 10, got["heads"]
     # every message is shown, bounded (100,000 characters and a note), and says where it was cut
     assert all(n < 101_000 for n in got["msgs"]), got["msgs"]
-    assert got["marked"] == [True, True, True, False, False, False], got["heads"]
+    assert got["marked"] == [True, True, True] + [False] * 7, got["heads"]
     kinds = ("observation", "weird", "odd", "constructor", "tool call", "user")
     assert [h[:len(w)] for h, w in zip(got["heads"], kinds)] == list(kinds), got["heads"]
     assert got["heads"][4] == 'tool callls "{\\n  \\"toString\\": 1\\n}"', got["heads"][4]  # the item as JSON, quoted
     assert got["heads"][5] == "userlone \ufffd x", got["heads"][5]  # and the DOM could be saved (--dump-dom)
+    assert got["heads"][6:] == ["assistanta\ufffdb\ufffdc", "line (JSON, not an object)42", "tool result · exit Infinityx",
+                                "tool callrm null"], got["heads"][6:]

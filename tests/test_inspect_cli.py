@@ -95,6 +95,12 @@ def test_trial_row_derived_values_and_saturation():
         Thresholds(),
     )
     assert quiet["saturated"] == []
+    # under host_cpu_contention's measurement floor (50 ms) a foreign share is rounding, as the rule judges it
+    floor = trial_row(fake_attempt(host_counters={"foreign_cpu_us": 13_000}), Thresholds())
+    assert "foreign_cpu" not in floor["saturated"]
+    assert "foreign_cpu" in trial_row(fake_attempt(host_counters={"foreign_cpu_us": 80_000}), Thresholds())["saturated"]
+    assert "foreign_cpu" in trial_row(fake_attempt(host_counters={"foreign_cpu_us": 13_000}),
+                                      Thresholds.from_profile({"sla": {"foreign_cpu_min_ms": 5}}))["saturated"]
     assert csv_value(["a", "b"]) == "a;b" and csv_value(None) == "" and csv_value(False) == "false"
 
 

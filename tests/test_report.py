@@ -338,7 +338,9 @@ def test_junit_k_option_and_unmeasured_skips(db):
     add_run(store, "run-j", {"a": "✓✓✓✓", "b": "✓✓✓✗", "c": "✓✓··"}, ks=(1, 2, 4))
     root = ET.fromstring(cli("report", "run-j", "--format", "junit", "--db", url).stdout.encode())
     cases = {c.get("name"): c for c in root.iter("testcase")}
-    assert cases["c"].find("skipped") is not None  # n=2 < k=4: unmeasured, neither pass nor fail
+    c = cases["c"].find("error")  # n=2 < k=4: unmeasured, neither pass nor fail, and not fine either
+    assert c is not None and c.get("type") == "unmeasured" and "2 slot(s) unmeasured" in c.get("message")
+    assert cases["c"].find("skipped") is None and root.find("testsuite").get("errors") == "1"
     assert cases["b"].find("failure") is not None
     root = ET.fromstring(cli("report", "run-j", "--format", "junit", "--k", "2", "--db", url).stdout.encode())
     cases = {c.get("name"): c for c in root.iter("testcase")}

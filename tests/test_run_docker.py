@@ -314,7 +314,9 @@ def test_run_require_gates_the_run_it_just_made(docker_client, tmp_path):
     g = harness(tmp_path, "gate", out["run_id"], "--require", "pass^2>=0.5", "--require", "pass@1>=0.9",
                 "--db", db_url(tmp_path), "--json")
     assert g.returncode == 1 and json.loads(g.stdout)["checks"] == gate["checks"]
-    t = harness(tmp_path, "run", "--suite", PROBE, "--trials", "2", "--k", "1,2", "--max-reruns", "6",
+    t = harness(tmp_path, "run", "--suite", PROBE, "--trials", "2", "--k", "1", "--max-reruns", "6",
                 "--require", "pass^2>=0.5", "--db", db_url(tmp_path))
     assert t.returncode == 0, t.stderr
     assert "gate passed" in t.stdout and "pass^2>=0.5" in t.stdout
+    # the gate's k was fixed before the run: it is one of the run's k, so the report shows it
+    assert Store.open(db_url(tmp_path), mode="ro").runs(limit=1)[0].ks == [1, 2]

@@ -28,12 +28,25 @@ def _pin_early() -> None:
             pass
 
 
+# an exception no command turned into an exit code is a bug in harness (or a broken install):
+# exit 3 (infrastructure, InfraError.exit_code), never 1, which CI reads as a gate that failed
+_EXIT_INTERNAL = 3
+
+
 def main() -> None:
     """Console-script entry point (``harness``, ``python -m harness``)."""
     _pin_early()
-    from harness.cli.commands import start
+    try:
+        from harness.cli.commands import start
 
-    start()
+        start()
+    except Exception as e:  # SystemExit (every exit code) and KeyboardInterrupt pass through
+        import sys
+
+        sys.excepthook(type(e), e, e.__traceback__)  # the traceback, for the bug report
+        sys.stderr.write(f"error: internal error in harness ({type(e).__name__}), not a result of the run: "
+                         f"please report it with the traceback above (exit {_EXIT_INTERNAL})\n")
+        sys.exit(_EXIT_INTERNAL)
 
 
 def __getattr__(name: str) -> Any:  # `from harness.cli import app`: the commands load on first use

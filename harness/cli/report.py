@@ -261,7 +261,7 @@ def judge(row: RunRecord, attempts: list[Any], reqs: list[Any], pts: list[tuple[
     checks = [check_requirement(r, outs, confidence, estimand) for r in reqs]
     checks += [check_per_task(r, share, outs, text) for (r, share), text in pts]
     if reqs or pts:
-        unmeasured = check_measured(outs)
+        unmeasured = check_measured(outs, row.id)
         if unmeasured is not None:
             checks.append(unmeasured)
     if row.excluded:  # a task that could not run is not a task that passed

@@ -234,6 +234,8 @@ def run(
         gate_failed = any(not c.ok for c in checks)
         if json_out:
             summary["gate"] = gate_doc(stored, checks, notes)
+    elif json_out:
+        summary["gate"] = None  # no --require: nothing judged
     if json_out:
         print(json.dumps(summary, indent=2))
     else:

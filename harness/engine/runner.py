@@ -181,6 +181,7 @@ class Runner:
             if k > trials:
                 raise RunError(f"--require {text!r}: k={k} exceeds the {trials} trials per task this run would have "
                                f"(more --trials, or a smaller k)")
+        ks = sorted(set(ks) | {k for _, k in opts.gate_ks or []})  # a gate's k is fixed before the run: the report shows it
         max_reruns = opts.max_reruns if opts.max_reruns is not None else suite.max_reruns
         if max_reruns < 0:
             raise RunError("--max-reruns must be >= 0")

@@ -15,7 +15,8 @@ from typing import Any
 
 from harness.core.estimator import ESTIMANDS, TaskOutcomes, suite_interval, suite_metrics
 
-_REQ = re.compile(r"^\s*pass\s*(?P<sym>[@^])\s*(?P<k>\d+)\s*(?P<op>>=|<=|==|>|<)\s*(?P<v>[0-9]*\.?[0-9]+)\s*$")
+_REQ = re.compile(r"^\s*pass\s*(?P<sym>[@^])\s*(?P<k>[0-9]{1,12})\s*(?P<op>>=|<=|==|>|<)\s*(?P<v>[0-9]{0,30}\.?[0-9]{1,30})\s*$")  # ASCII digits only
+_FRAGMENT = re.compile(r"^\s*(pass\s*[@^]\s*[0-9]+|>=|<=|==|>|<|[0-9]*\.?[0-9]+|(>=|<=|==|>|<)\s*[0-9]*\.?[0-9]+)\s*$")
 _NEG = {">=": "<", ">": "<=", "<=": ">", "<": ">=", "==": "!="}
 _EPS = 1e-9
 
@@ -48,24 +49,27 @@ class Requirement:
         """'pass^4 = 0.812 < 0.9 (short by 0.088)' or 'pass^4 = 0.950 >= 0.9 (margin 0.050)'."""
         gap = abs(v - self.value)
         if self.holds(v):
-            return f"{self.metric} = {v:.3f} {self.op} {self.value:g}" + (f" (margin {gap:.3f})" if self.op != "==" else "")
+            return f"{self.metric} = {v:.3f} {self.op} {self.value:.12g}" + (f" (margin {gap:.3f})" if self.op != "==" else "")
         how = {">=": "short", ">": "short", "<=": "over", "<": "over", "==": "off"}[self.op]
-        return f"{self.metric} = {v:.3f} {_NEG[self.op]} {self.value:g} ({how} by {gap:.3f})"
+        return f"{self.metric} = {v:.3f} {_NEG[self.op]} {self.value:.12g} ({how} by {gap:.3f})"
 
 
 def parse_requirement(text: str) -> Requirement:
     """Parse ``pass@K`` / ``pass^K`` / ``pass@1`` + operator + value in [0, 1]; ValueError if malformed."""
     m = _REQ.match(text or "")
+    if not m and _FRAGMENT.match(text or ""):
+        raise ValueError(f"requirement {text!r:.200}: a part of a requirement (was it split at its spaces? `make gate REQUIRE=...` "
+                         "separates requirements by spaces): write each without spaces, e.g. 'pass^4>=0.9'")
     if not m:
         raise ValueError(
-            f"requirement {text!r}: expected METRIC OP VALUE with METRIC pass@K or pass^K, "
+            f"requirement {text!r:.200}: expected METRIC OP VALUE with METRIC pass@K or pass^K (K up to 12 digits), "
             "OP one of >= > <= < ==, VALUE in [0, 1], e.g. 'pass^4>=0.9'"
         )
     k, v = int(m["k"]), float(m["v"])
     if k < 1:
         raise ValueError(f"requirement {text!r}: k must be >= 1")
     if not 0.0 <= v <= 1.0:
-        raise ValueError(f"requirement {text!r}: value {v:g} is outside [0, 1]")
+        raise ValueError(f"requirement {text!r}: value {m['v']} is outside [0, 1]")
     return Requirement(text=text.strip(), sym=m["sym"], k=k, op=m["op"], value=v)
 
 
@@ -185,7 +189,7 @@ def check_per_task(req: Requirement, share: float, tasks: list[TaskOutcomes], te
     return GateCheck(name, ok, msg, details)
 
 
-def check_measured(tasks: list[TaskOutcomes]) -> GateCheck | None:
+def check_measured(tasks: list[TaskOutcomes], run_id: str = "RUN") -> GateCheck | None:
     """A task with no clean trial at all is in no figure: the gate cannot vouch for it."""
     none = [t for t in tasks if t.n == 0]
     if not none:
@@ -195,11 +199,11 @@ def check_measured(tasks: list[TaskOutcomes]) -> GateCheck | None:
     how = []
     if spent:
         how.append(f"{len(spent)} spent their rerun budget on discards: once the cause is gone, "
-                   "`harness run --resume RUN --refill-unmeasured` measures those discarded by the host or the model API "
+                   f"`harness run --resume {run_id} --refill-unmeasured` measures those discarded by the host or the model API "
                    "(not a slot an envelope breach or controller_lost spent, nor one refilled once already)")
     if waiting:
         how.append(f"{len(waiting)} have slots not run yet (a run in progress or interrupted): "
-                   "`harness run --resume RUN` runs them")
+                   f"`harness run --resume {run_id}` runs them")
     return GateCheck("every task measured", False,
                      f"{len(none)} of {len(tasks)} task(s) have no clean trial and are in no figure -- a gate cannot vouch for "
                      "them" + ("; " + "; ".join(how) if how else ""),

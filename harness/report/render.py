@@ -227,8 +227,9 @@ def render_junit(report: dict[str, Any]) -> str:
     """JUnit XML: one testcase per task, failing when its pass^k (k = gate_k) is below 1.
 
     A task with fewer than k clean trials fails when one of them failed (pass^k < 1 either
-    way) and is ``skipped`` when all passed or none is clean (unmeasured slots are never
-    counted as a pass or a fail). The ✓/✗ string and failure kinds are in
+    way); when all passed or none is clean it is an ``error`` (type ``unmeasured``) if slots
+    ended unmeasured, ``skipped`` if they are not run yet (unmeasured slots are never counted
+    as a pass or a fail, and never read as fine). The ✓/✗ string and failure kinds are in
     the failure message.
     """
     k = report["gate_k"]
@@ -236,7 +237,7 @@ def render_junit(report: dict[str, Any]) -> str:
     metric = f"pass^{k}" if k > 1 else "pass@1"
     suite_name = f"harness.{idn['suite']}"
     cases = []
-    failures = skipped = 0
+    failures = skipped = errors = 0
     total_time = 0.0
     for t in sorted(report["tasks"], key=lambda x: x["task"]):
         tc = ET.Element("testcase", classname=suite_name, name=t["task"], time=f"{t['wall_s']:.3f}")
@@ -265,10 +266,17 @@ def render_junit(report: dict[str, Any]) -> str:
             msg = (f"{metric} < 1: {t['n'] - t['c']} of {t['n']} clean trial(s) failed (fewer than k={k} clean trials): {t['marks']}"
                    + (f" ({fk})" if fk else "") + (f"; trial {first['slot']}: {printable(first['reason'])[:200]}" if first else ""))
             ET.SubElement(tc, "failure", message=msg, type=metric).text = "\n".join(detail)
-        elif v is None:
+        elif v is None and (t["unmeasured"] or not t["n"]):
+            # slots the infrastructure spoiled keep the task from being judged: an error, as a CI
+            # reading only JUnit must see (skipped reads as fine; the gate fails such a task too)
+            errors += 1
+            why = f"{t['n']} clean trial(s), all passing, < k={k}" if t["n"] else "no clean trial"
+            ET.SubElement(tc, "error", message=f"{why}, {len(t['unmeasured'])} slot(s) unmeasured; {metric} cannot be judged "
+                          f"({t['marks']})", type="unmeasured").text = "\n".join(detail)
+        elif v is None:  # slots not run yet (a run in progress or interrupted)
             skipped += 1
-            why = f"{t['n']} clean trial(s), all passing, < k={k}" if t["n"] else "no clean trial (unmeasured)"
-            ET.SubElement(tc, "skipped", message=f"{why}; {metric} cannot be judged ({t['marks']})").text = "\n".join(detail)
+            ET.SubElement(tc, "skipped", message=f"{t['n']} clean trial(s), all passing, < k={k}; {metric} cannot be judged yet "
+                          f"({t['marks']})").text = "\n".join(detail)
         elif v < 1.0 - 1e-12:
             failures += 1
             msg = f"{metric} = {f3(v)} < 1: {t['marks']}" + (f" ({fk})" if fk else "")
@@ -280,9 +288,9 @@ def render_junit(report: dict[str, Any]) -> str:
     # the suite's time is the run's wall time (its attempts overlap); the sum of the cases' until it finished
     wall = _wall_s(report["run"]["created_at"], report["run"]["finished_at"])
     suite_time = f"{total_time if wall is None else wall:.3f}"
-    root = ET.Element("testsuites", name="harness", tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors="0", time=suite_time)
+    root = ET.Element("testsuites", name="harness", tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors=str(errors), time=suite_time)
     ts = ET.SubElement(
-        root, "testsuite", name=suite_name, tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors="0",
+        root, "testsuite", name=suite_name, tests=str(len(cases)), failures=str(failures), skipped=str(skipped), errors=str(errors),
         time=suite_time, timestamp=report["run"]["created_at"] or "", hostname=str(idn["host"].get("hostname", "")),
     )
     props = ET.SubElement(ts, "properties")

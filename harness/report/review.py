@@ -471,10 +471,13 @@ REVIEW_JS = r"""
     var e = document.createElement(tag);
     if (cls) e.className = cls;
     // a lone surrogate (a transcript's own "\ud800", parsed here) is U+FFFD: a DOM holding one
-    // cannot be saved as HTML (headless Chromium's --dump-dom dies on it)
-    if (text !== undefined) e.textContent = (typeof text === 'string' ? text : str(text)).replace(/\p{Cs}/gu, '\ufffd');
+    // cannot be saved as HTML (headless Chromium's --dump-dom dies on it); so are controls but
+    // tab and newline, and the bidi controls that would reorder what the reviewer reads (as
+    // harness.model.units.printable does for the rest of the page)
+    if (text !== undefined) e.textContent = (typeof text === 'string' ? text : str(text)).replace(UNSAFE, '\ufffd');
     return e;
   }
+  var UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]|\p{Cs}/gu;
   function own(o, k) { return Object.prototype.hasOwnProperty.call(o, k); }
   // JSON indented by the page, bounded: an agent's deeply nested value is cut at DEPTH levels
   // and its text at SIZE characters, so one line can neither blow the stack nor grow
@@ -485,6 +488,7 @@ REVIEW_JS = r"""
     function put(s) { out.push(s); n += s.length; }
     function walk(x, ind, depth) {
       if (n >= SIZE) return;
+      if (typeof x === 'number' && !isFinite(x)) { put(String(x)); return; }  // 1e400 parses as Infinity: not 'null'
       if (x === null || typeof x !== 'object') { var s = JSON.stringify(x); put(s === undefined ? 'null' : s.length > SIZE ? s.slice(0, SIZE) + '…' : s); return; }
       var arr = Array.isArray(x), keys = arr ? null : Object.keys(x), len = arr ? x.length : keys.length;
       if (!len) { put(arr ? '[]' : '{}'); return; }
@@ -514,7 +518,7 @@ REVIEW_JS = r"""
   }
   function argv(a) {
     if (!Array.isArray(a)) return str(a);
-    return a.map(function (x) { x = typeof x === 'string' ? x : str(x); return /^[\w@%+=:,.\/-]+$/.test(x) ? x : JSON.stringify(x); }).join(' ');
+    return a.map(function (x) { x = typeof x === 'string' ? x : dump(x); return /^[\w@%+=:,.\/-]+$/.test(x) ? x : JSON.stringify(x); }).join(' ');
   }
   function meta(o) {
     var m = [];
@@ -600,7 +604,7 @@ REVIEW_JS = r"""
     var items = lines(f), objects = 0;
     items.forEach(function (it) {
       if (it.line === undefined) return;
-      try { var v = JSON.parse(it.line); if (v && typeof v === 'object' && !Array.isArray(v)) { it.obj = v; objects++; } } catch (e) { }
+      try { var v = JSON.parse(it.line); if (v && typeof v === 'object' && !Array.isArray(v)) { it.obj = v; objects++; } else it.json = true; } catch (e) { }
     });
     var raw = el('pre', 'blob', rawText(f));
     if (!objects) { box.appendChild(el('p', 'muted', 'not JSON lines: shown as text')); box.appendChild(raw); return; }
@@ -609,7 +613,7 @@ REVIEW_JS = r"""
       if (it.gap !== undefined) conv.appendChild(el('div', 'gap muted', gapText(it.gap)));
       else if (it.obj && messagesOf(it.obj)) messagesOf(it.obj).forEach(function (m) { conv.appendChild(message(m[0], m[1], meta(it.obj), m[2])); });
       else if (it.obj) conv.appendChild(message('raw', 'line', '', it.line));
-      else if (it.line.trim()) conv.appendChild(message('raw', 'line (not JSON)', '', it.line));
+      else if (it.line.trim()) conv.appendChild(message('raw', it.json ? 'line (JSON, not an object)' : 'line (not JSON)', '', it.line));
     });
     var toggle = el('button', 'raw-toggle', 'show the raw lines');
     toggle.type = 'button';

@@ -155,6 +155,7 @@ class Thresholds:
     throttled_share: float = 0.10
     memory_peak_share: float = 0.90
     foreign_cpu_share: float = 0.10
+    foreign_cpu_min_ms: float = 50.0  # host_cpu_contention's measurement floor: below it the share is /proc/stat's rounding
     steal_share: float = 0.05
     host_memory: float = 0.10
     host_io: float = 0.50
@@ -173,6 +174,7 @@ class Thresholds:
             throttled_share=pick("throttled_share", d.throttled_share),
             memory_peak_share=d.memory_peak_share,
             foreign_cpu_share=pick("foreign_cpu_share", d.foreign_cpu_share),
+            foreign_cpu_min_ms=pick("foreign_cpu_min_ms", d.foreign_cpu_min_ms),
             steal_share=pick("steal_share", d.steal_share),
             host_memory=pick("host_memory_pressure", d.host_memory),
             host_io=pick("host_io_pressure", d.host_io),
@@ -196,7 +198,8 @@ def saturated(row: dict[str, Any], th: Thresholds) -> list[str]:
         out.append("oom")
     if _gt(row.get("pids_limit_hits"), 0):
         out.append("pids")
-    if _gt(row.get("foreign_cpu_share"), th.foreign_cpu_share):
+    ms = row.get("foreign_cpu_ms")  # under the rule's floor, as the rule itself judges it
+    if _gt(row.get("foreign_cpu_share"), th.foreign_cpu_share) and (ms is None or ms >= th.foreign_cpu_min_ms):
         out.append("foreign_cpu")
     if _gt(row.get("steal_share"), th.steal_share):
         out.append("steal")
@@ -242,6 +245,8 @@ def trial_row(a: Any, th: Thresholds, prices: dict | None = None) -> dict[str, A
     host = getattr(a, "host_counters", None) or {}
     row["io_read_bytes"], row["io_write_bytes"] = counters.get("io_read_bytes"), counters.get("io_write_bytes")
     row["host_disk_bytes"], row["controller_stall_s"] = host.get("disk_bytes"), host.get("monitor_stall_s")
+    fus = host.get("foreign_cpu_us")
+    row["foreign_cpu_ms"] = fus / 1000 if isinstance(fus, (int, float)) and not isinstance(fus, bool) else None
     row["started_at"] = _iso(a.started_at)
     row["saturated"] = saturated(row, th)
     u = attempt_usage(a, prices)

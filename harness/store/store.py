@@ -313,6 +313,8 @@ class Store:
 
     def get_run(self, ref: str) -> RunRecord:
         """A run by id, unique id prefix, or ``last``."""
+        if not ref.strip():
+            raise StoreError("no run named (an empty run id): give a run id, a unique prefix of it, or `last`; list runs with `harness runs`")
         q = self._select(RunRow)
         rows = self._run_records(q.where(RunRow.id == ref))
         if rows:
