@@ -227,3 +227,13 @@ def test_an_internal_error_exits_3_never_1(tmp_path):
                        env={**os.environ, "HARNESS_HOME": str(tmp_path / "home")})
     assert r.returncode == 3, (r.returncode, r.stderr)
     assert "ZeroDivisionError" in r.stderr and r.stderr.rstrip().splitlines()[-1].startswith("error: internal error in harness")
+
+
+def test_an_empty_run_id_is_refused_as_such(tmp_path):
+    from harness.store.store import Store
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    Store.open(url)  # an empty store: the message must not be "ambiguous prefix" (every id starts with '')
+    for args in (["report", ""], ["run", "--resume", " "], ["gate", "", "--require", "pass@1>=0.5"]):
+        r = harness(tmp_path, *args, "--db", url)
+        assert r.returncode == 2 and "empty run id" in r.stderr and "ambiguous" not in r.stderr, (args, r.stderr)
