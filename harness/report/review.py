@@ -18,12 +18,13 @@ parses the transcript's JSON lines in the browser and builds the conversation wi
 from __future__ import annotations
 
 import html as _html
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from harness.model.attempt import FAILURE_KINDS
-from harness.model.units import format_size
+from harness.model.units import TERMINAL_UNSAFE, format_size
 from harness.report.artifacts import TRANSCRIPT, Capped, read_capped
 from harness.report.layout import HtmlBlock, Section
 from harness.report.render import script_json
@@ -477,7 +478,7 @@ REVIEW_JS = r"""
     if (text !== undefined) e.textContent = (typeof text === 'string' ? text : str(text)).replace(UNSAFE, '\ufffd');
     return e;
   }
-  var UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]|\p{Cs}/gu;
+  var UNSAFE = new RegExp(__UNSAFE__, 'gu');  // harness.model.units.TERMINAL_UNSAFE, and lone surrogates
   function own(o, k) { return Object.prototype.hasOwnProperty.call(o, k); }
   // JSON indented by the page, bounded: an agent's deeply nested value is cut at DEPTH levels
   // and its text at SIZE characters, so one line can neither blow the stack nor grow
@@ -696,3 +697,6 @@ REVIEW_JS = r"""
   root.setAttribute('data-ready', '1');
 })();
 """
+# the characters the page replaces in an agent's text: the ones printable() replaces for the
+# rest of the page (one list, harness.model.units), as a JS pattern; and lone surrogates
+REVIEW_JS = REVIEW_JS.replace("__UNSAFE__", json.dumps("[" + "".join(f"\\u{c:04x}" for c in sorted(TERMINAL_UNSAFE)) + "]|\\p{Cs}"))
