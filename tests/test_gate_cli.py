@@ -311,6 +311,31 @@ def test_gate_cannot_be_passed_by_tasks_that_dropped_out(db):
     assert r.exit_code == 1 and "cannot show an exact value" in r.stdout
 
 
+def test_gate_baseline_alone_still_needs_every_task_measured(db):
+    store, url = db
+    add_run(store, "base", {"t1": "✓✓✓", "t2": "✗✓✗"}, ks=(1,), minutes=1)
+    # t1 held; t2 was not deterministic, so the baseline check passes -- but t2 is in no figure
+    add_run(store, "cand", {"t1": "✓✓✓", "t2": "···"}, ks=(1,), minutes=2)
+    r = gate(url, "cand", "--baseline", "base")
+    assert r.exit_code == 1, r.output
+    assert "ok   baseline base" in r.stdout and "FAIL every task measured" in r.stdout and "t2" in r.stdout
+
+
+def test_gate_fails_an_interrupted_run_with_slots_not_run_unless_allowed(db):
+    store, url = db
+    # 4 trials planned; t2 ran 1 slot before the interruption: 3 are pending, not unmeasured
+    add_run(store, "cut", {"t1": "✓✓✓✓", "t2": "✓"}, ks=(1,), minutes=1, status="interrupted", trials=4)
+    r = gate(url, "cut", "--require", "pass@1>=0.9")
+    assert r.exit_code == 1, r.output
+    assert "FAIL every slot run" in r.stdout and "3 slot(s) of 1 task(s) have not run yet" in r.stdout
+    assert "harness run --resume cut" in r.stdout and "t2: 3 not run" in r.stdout
+    r = gate(url, "cut", "--require", "pass@1>=0.9", "--allow-incomplete", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["ok"] and any("interrupted" in n for n in doc["notes"])
+    assert [c["name"] for c in doc["checks"]] == ["pass@1>=0.9"]
+
+
 def test_run_require_refuses_a_k_above_the_trials_before_anything_runs(tmp_path):
     from conftest import run_cli
 

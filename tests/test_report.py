@@ -13,6 +13,8 @@ import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
+from typing import Any
+
 import pytest
 from typer.testing import CliRunner
 
@@ -410,6 +412,7 @@ def test_lean_read_of_a_database_older_than_a_field(db, tmp_path):
     store, url = db
     run = add_run(store, "rold", {"a": "✓✗✓", "b": "✓✓·"}, discards={"b": 2}, ks=(1, 2))
     con = sqlite3.connect(f"{tmp_path}/h.db")
+    con.execute("DROP INDEX ix_attempts_report")  # made after those columns, as the index was
     for col in ("model_calls", "node"):
         con.execute(f"ALTER TABLE attempts DROP COLUMN {col}")
     con.execute("UPDATE attempts SET reasons = 'null', upstream = 'null' WHERE verdict = 'discarded'")  # another writer's JSON null
@@ -424,9 +427,61 @@ def test_lean_read_of_a_database_older_than_a_field(db, tmp_path):
         old.attempts(run.id, ("task_id", "samples"))
 
 
+def test_report_read_is_answered_from_the_report_index_and_an_older_store_gets_it(db, tmp_path):
+    """An attempt row is kilobytes of evidence; the lean read must not walk it. A store made
+    before the index gets it when next opened for writing."""
+    import sqlite3
+
+    from sqlalchemy import event
+
+    from harness.store.store import REPORT_FIELDS
+
+    store, url = db
+    run = add_run(store, "rix", {"a": "✓✗✓", "b": "✓··"}, ks=(1, 2))
+    path = f"{tmp_path}/h.db"
+    con = sqlite3.connect(path)
+    con.execute("DROP INDEX ix_attempts_report")
+    con.commit()
+    Store.open(url)  # read-write: forward-only upgrade
+    assert "ix_attempts_report" in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    ro = Store.open(url, mode="ro")
+    seen: list[tuple[str, Any]] = []
+    event.listen(ro.engine, "before_cursor_execute", lambda c, cur, stmt, params, ctx, many: seen.append((stmt, params)))
+    lean = ro.attempts(run.id, REPORT_FIELDS)
+    main = next((st, p) for st, p in seen if "agent_wall_s" in st)
+    plan = " ".join(str(r[-1]) for r in con.execute("EXPLAIN QUERY PLAN " + main[0], main[1]))
+    assert "COVERING INDEX ix_attempts_report" in plan, plan
+    # rules are read for discarded attempts only, and still reach the records
+    assert all(a.rules == [] for a in lean if a.verdict == "clean")
+    assert [a.rules for a in lean if a.verdict != "clean"] == [a.rules for a in ro.attempts(run.id) if a.verdict != "clean"]
+    assert any(a.rules for a in lean if a.verdict != "clean")
+
+
 def test_rule_values_print_in_their_unit():
     """controller_stall is in seconds (it printed as '500.0%' for a 5 s threshold)."""
     from harness.report.views import rule_value
 
     assert rule_value("controller_stall", 5.0) == "5.0 s" and rule_value("controller_stall", 0.2) == "0.2 s"
     assert rule_value("host_steal", 0.05) == "5.0%" and rule_value("host_memory_low", 256 * 2**20).startswith("256")
+
+
+def test_terminal_tables_show_task_ids_as_written_and_keep_their_columns(db):
+    """A task id (or any cell) is text, never Rich markup; a newline does not split its row;
+    a very long id folds instead of squeezing the figures out of the table (160 columns when piped)."""
+    store, url = db
+    long_id = "t-" + "x" * 150
+    tasks = {"[bold red]boom[/]": "✓✗✓", "two\nlines": "✓✓✓", long_id: "✗✗✓"}
+    add_run(store, "ids-a", tasks, ks=(1, 2))
+    add_run(store, "ids-b", tasks, ks=(1, 2), minutes=1)
+    for argv in (["report", "ids-a"], ["compare", "ids-a", "ids-b"]):
+        r = cli(*argv, "--db", url)
+        assert r.exit_code == 0, r.output
+        out = r.stdout
+        assert "[bold red]boom[/]" in out, out
+        assert "two lines" in out and not any(ln.strip() == "lines" for ln in out.splitlines()), out
+        assert all(len(ln) <= 160 for ln in out.splitlines()), max(out.splitlines(), key=len)
+        folded = "".join(ln[1:].split("│")[0].strip() for ln in out.splitlines() if ln.startswith("│") and "xxxxx" in ln)
+        assert long_id in folded, out
+    r = cli("report", "ids-a", "--db", url)
+    row = next(ln for ln in r.stdout.splitlines() if ln.lstrip("│").startswith("t-xxx"))
+    assert "✗✗✓" in row and "1/3" in row, r.stdout

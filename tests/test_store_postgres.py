@@ -85,6 +85,12 @@ def test_run_report_trials_gate_on_postgres(docker_client, pg_url, tmp_path):
     assert len([a for a in atts if a.verdict == "clean"]) == 4
     assert all(store.samples(a.id) for a in atts)
     assert all(isinstance(a.rules, list) and a.envelope_applied["pids_max"] == 256 for a in atts)
+    # the report index: json columns ride along as INCLUDE (PostgreSQL has no btree order for json)
+    from sqlalchemy import text
+
+    with store.engine.connect() as c:
+        ix = dict(c.execute(text("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'attempts'")).all())
+    assert "ix_attempts_report" not in ix and "INCLUDE" in ix["ix_attempts_report_pg"] and "node" in ix["ix_attempts_report_pg"], ix
 
     rep = harness(tmp_path, "report", run_id, "--format", "json", "--db", pg_url)
     assert rep.returncode == 0, rep.stderr

@@ -146,6 +146,63 @@ def test_unknown_harness_key_is_named(tmp_path):
     assert "harness.servise" in load_error(tmp_path)
 
 
+@pytest.mark.parametrize("table, wrong, right", [
+    ("environment", "memroy_mb = 4096", "memory_mb"),
+    ("agent", "timeout_secs = 30", "timeout_sec"),
+    ("verifier", "timout_sec = 30", "timeout_sec"),
+    ("", "artefacts = []", "artifacts"),
+])
+def test_misspelt_harbor_key_stops_the_suite_with_the_nearest_spelling(tmp_path, table, wrong, right):
+    """Harbor ignores a key it does not know, which would run the task under the default
+    envelope; here it is refused, even when the suite's other tasks are fine."""
+    d = harbor_task(tmp_path, "typo")
+    harbor_task(tmp_path, "fine")
+    p = d / "task.toml"
+    text = p.read_text()
+    p.write_text(text.replace(f"[{table}]\n", f"[{table}]\n{wrong}\n", 1) if table else f"{wrong}\n{text}")
+    msg = load_error(tmp_path)
+    key = f"{table}.{wrong.split()[0]}" if table else wrong.split()[0]
+    line = next(ln for ln in msg.splitlines() if key in ln)
+    assert "typo/task.toml" in line and f"did you mean {right!r}" in line, msg
+    assert "fine" not in msg and "Traceback" not in msg
+
+
+def test_harbor_table_that_is_not_a_table_is_refused(tmp_path):
+    d = harbor_task(tmp_path)
+    p = d / "task.toml"
+    p.write_text('agent = "fast"\n' + p.read_text().replace("[agent]\ntimeout_sec = 90.0\n", ""))
+    assert "agent: expected a table" in load_error(tmp_path)
+
+
+def test_misspelt_terminal_bench_key_is_refused(tmp_path):
+    d = tmp_path / "tb"
+    d.mkdir()
+    (d / "task.yaml").write_text("instruction: do it\nmax_agent_timout_sec: 5\n")
+    (d / "Dockerfile").write_text("FROM ubuntu:24.04\n")
+    (d / "run-tests.sh").write_text("true\n")
+    msg = load_error(tmp_path)
+    assert "max_agent_timout_sec" in msg and "did you mean 'max_agent_timeout_sec'" in msg, msg
+
+
+def test_misspelt_key_is_one_line_and_exit_2_from_the_cli(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    suite = tmp_path / "suite"
+    d = harbor_task(suite)
+    p = d / "task.toml"
+    p.write_text(p.read_text().replace("[environment]\n", "[environment]\nmemroy_mb = 64\n"))
+    env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home")}
+    for argv in (["suites", "check", str(suite)], ["suites", "show", str(suite)],
+                 ["run", "--suite", str(suite), "--agent", "oracle", "--db", f"sqlite:///{tmp_path}/h.db"]):
+        r = subprocess.run([sys.executable, "-m", "harness", *argv], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 2, (argv, r.stdout, r.stderr)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "environment.memroy_mb" in lines[0] and "did you mean 'memory_mb'" in lines[0], r.stderr
+    assert not (tmp_path / "h.db").exists(), "nothing is stored for a suite that does not load"
+
+
 def test_terminal_bench_task_yaml(tmp_path):
     d = tmp_path / "tb-hello"
     (d / "tests").mkdir(parents=True)

@@ -36,6 +36,8 @@ solution/solve.sh                  what ``--agent oracle`` runs (``bash /solutio
 Refused, with the file and the key: multi-step tasks (``[[steps]]``), compose environments
 (``environment/docker-compose.yaml``, or a Terminal-Bench compose file with more than one
 service), Windows tasks, GPUs/TPUs, MCP servers, secret references (``${NAME}`` values).
+A key the format does not define (:data:`HARBOR_KEYS`, :data:`TB_KEYS`) stops the whole suite
+with the nearest known spelling: it is the author's typo, not a task to leave out.
 """
 
 from __future__ import annotations
@@ -60,6 +62,40 @@ DATASET_FILE = "harness.toml"
 MAX_DEPTH = 3
 DEFAULT_HARBOR_TIMEOUT = 600.0
 _SECRET_REF = re.compile(r"\$\{[^}]*\}")
+
+# The keys this harness reads (or knowingly passes over) in each table of a task file. Harbor
+# and Terminal-Bench ignore a key they do not know; here it is refused with the file, the key
+# and the nearest known spelling, since a misspelt ``memroy_mb`` or ``timeout_secs`` would
+# otherwise run the task under the default envelope -- a different eval, silently.
+# ``metadata``, ``task`` and a verifier's own ``environment`` table are free-form.
+HARBOR_KEYS: dict[str, frozenset[str]] = {
+    "": frozenset({"version", "schema_version", "source", "metadata", "task", "verifier", "agent", "environment",
+                   "solution", "steps", "artifacts", "harness", "multi_step_reward_mode"}),
+    "environment": frozenset({"build_timeout_sec", "docker_image", "cpus", "memory_mb", "storage_mb", "memory", "storage",
+                              "gpus", "gpu_types", "tpus", "tpu", "allow_internet", "network_mode", "mcp_servers", "os",
+                              "workdir", "env"}),
+    "agent": frozenset({"timeout_sec", "user"}),
+    "verifier": frozenset({"timeout_sec", "env", "user", "environment_mode", "environment"}),
+    "solution": frozenset({"env"}),
+}
+TB_KEYS = frozenset({"instruction", "descriptions", "author_name", "author_email", "difficulty", "category", "tags",
+                     "parser_name", "max_agent_timeout_sec", "max_test_timeout_sec", "run_tests_in_same_shell",
+                     "disable_asciinema", "estimated_duration_sec", "expert_time_estimate_min",
+                     "junior_time_estimate_min", "test_scripts", "docker"})
+
+
+def unknown_keys(where: str, table: str, data: dict[str, Any], known: frozenset[str]) -> list[str]:
+    """One line per key of ``data`` not in ``known``: ``where: table.key: unknown key (did you
+    mean 'x'?)``, or the known keys when nothing is close."""
+    import difflib
+
+    out = []
+    for key in sorted(set(data) - known, key=str):
+        name = f"{table}.{key}" if table else str(key)
+        close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
+        out.append(f"{where}: {name}: unknown key, refused rather than ignored ({hint})")
+    return out
 
 
 def _is_task(d: Path) -> bool:
@@ -92,8 +128,12 @@ def slug(name: str) -> str:
 
 
 class _Ctx:
-    def __init__(self, files: SuiteFiles, rel: str, problems: list[str], namespace: str = ""):
+    def __init__(self, files: SuiteFiles, rel: str, problems: list[str], namespace: str = "",
+                 fatal: list[str] | None = None):
         self.files, self.rel, self.problems, self.namespace = files, rel, problems, namespace
+        # an author's mistake (a misspelt key): stops the suite, where a task this harness
+        # cannot run (GPUs, compose) is refused alone and the others still run
+        self.fatal = problems if fatal is None else fatal
 
     def tag(self, ident: str, role: str = "") -> str:
         """The task's image tag: namespaced by the suite (its name and where it is), so two
@@ -124,8 +164,9 @@ def load_foreign(root: Path) -> "Any":
     where = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:6]
     namespace = f"{slug(spec.name)[:40]}-{where}--" if spec is not None else ""
     refused: dict[str, str] = {}  # a task this harness cannot run does not stop the others
+    fatal: list[str] = []
     for d, rel in zip(dirs, rels):
-        ctx = _Ctx(files, rel, problems, namespace)
+        ctx = _Ctx(files, rel, problems, namespace, fatal)
         n0 = len(problems)
         data = _harbor_task(ctx, d) if (d / HARBOR_FILE).is_file() else _tb_task(ctx, d)
         if data is None:
@@ -145,8 +186,8 @@ def load_foreign(root: Path) -> "Any":
         task._source = d / manifest
         sources[task.id] = ctx.src(manifest)
         tasks.append(task)
-    if spec is None:
-        raise SuiteError("\n".join(problems))
+    if spec is None or fatal:
+        raise SuiteError("\n".join(fatal + problems))
     ok = check_tasks(files, spec, tasks, problems, lambda t: sources[t.id])
     if problems or not ok:
         raise SuiteError("\n".join(problems or [f"{files.display(r + '/' if r else '')}: {why}" for r, why in refused.items()]
@@ -181,6 +222,8 @@ def _harbor_task(ctx: _Ctx, d: Path) -> dict[str, Any] | None:
         ctx.problems.append(f"{ctx.src(HARBOR_FILE)}: not valid TOML: {e}")
         return None
     n0 = len(ctx.problems)
+    if _misspelt(ctx, HARBOR_FILE, cfg):
+        return None
     if cfg.get("steps"):
         ctx.refuse(HARBOR_FILE, "steps", "multi-step tasks ([[steps]]) are not supported yet")
     for compose in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml"):
@@ -239,6 +282,19 @@ def _harbor_task(ctx: _Ctx, d: Path) -> dict[str, Any] | None:
         data["solution"] = ctx.p("solution")
     _extension(ctx, cfg.get("harness"), data)
     return data if len(ctx.problems) == n0 else None
+
+
+def _misspelt(ctx: _Ctx, name: str, cfg: dict[str, Any]) -> bool:
+    """Records every unknown key of a Harbor task file (fatal); True when there was one."""
+    where, typos = ctx.src(name), unknown_keys(ctx.src(name), "", cfg, HARBOR_KEYS[""])
+    for table, known in HARBOR_KEYS.items():
+        value = cfg.get(table) if table else None
+        if table and value is not None and not isinstance(value, dict):
+            typos.append(f"{where}: {table}: expected a table ([{table}]), got {type(value).__name__}")
+        elif table and value:
+            typos.extend(unknown_keys(where, table, value, known))
+    ctx.fatal.extend(typos)
+    return bool(typos)
 
 
 def _refuse_unsupported(ctx: _Ctx, env: dict[str, Any]) -> None:
@@ -362,6 +418,10 @@ def _tb_task(ctx: _Ctx, d: Path) -> dict[str, Any] | None:
         ctx.problems.append(f"{ctx.src(TB_FILE)}: expected a mapping")
         return None
     n0 = len(ctx.problems)
+    typos = unknown_keys(ctx.src(TB_FILE), "", cfg, TB_KEYS)
+    if typos:
+        ctx.fatal.extend(typos)
+        return None
     instruction = cfg.get("instruction")
     if not instruction and isinstance(cfg.get("descriptions"), list) and cfg["descriptions"]:
         instruction = (cfg["descriptions"][0] or {}).get("description")

@@ -241,7 +241,9 @@ def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: i
     unmeasured: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = []
     by_task_attempts: dict[str, list[AttemptRecord]] = {}
-    for a in attempts:
+    # a run without a gateway has no usage anywhere: asked once, not per task (10^5 attempts)
+    gateway = any(a.upstream or a.model_calls for a in attempts)
+    for a in attempts if gateway else ():
         by_task_attempts.setdefault(a.task_id, []).append(a)
     scored_all: list[AttemptRecord] = []
     for t in outs:
@@ -297,7 +299,7 @@ def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: i
                 "unmeasured": t_unmeasured,
                 "pending": len(t.pending),
                 "wall_s": round(sum(float(a.wall_s or 0.0) for s in slots for a in s.attempts), 3),
-                "usage": usage_of(by_task_attempts.get(t.task_id, []), scored, prices),
+                "usage": usage_of(by_task_attempts.get(t.task_id, []), scored, prices) if gateway else None,
                 "failed_trials": [
                     {"slot": s.slot, "attempt_id": s.clean.id, "failure_kind": s.clean.failure_kind or "",
                      "reason": (s.clean.grade_reason or s.clean.error or "")[:300]}
@@ -354,7 +356,7 @@ def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: i
     attempts_clean = sum(1 for a in attempts if a.verdict == "clean")
     by_reason: Counter[str] = Counter(r for a in attempts if a.verdict != "clean" for r in (a.reasons or ["unknown"]))
     by_scope: Counter[str] = Counter(sc for a in attempts if a.verdict != "clean" for sc in discard_scopes(a))
-    usage = _run_usage(attempts, scored_all, rows, prices)
+    usage = _run_usage(attempts, scored_all, rows, prices) if gateway else None
     bias = selection_bias(discard_counts)
     for b in bias:
         reasons = next(r["discard_reasons"] for r in rows if r["task"] == b["task"])

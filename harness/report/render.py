@@ -380,17 +380,25 @@ def _rich_sections(sections: list[Section]) -> list[Any]:
                 kv = not any(b.columns)
                 t = Table(show_header=not kv, box=None if kv else box.HEAVY_HEAD, pad_edge=False)
                 for i, (col, al) in enumerate(zip(b.columns, b.aligns())):
-                    t.add_column(col, justify="right" if al == "r" else "left", no_wrap=i == 0 or col in ("trials", "A", "B"))
+                    # the first column (a task id) folds rather than squeezing the figures out
+                    t.add_column(col, justify="right" if al == "r" else "left", no_wrap=col in ("trials", "A", "B"),
+                                 overflow="fold" if i == 0 else "ellipsis")
                 for row in b.rows:
-                    cells: list[Any] = list(row)
+                    # Text, never markup: a cell may carry a task's id or a grader's words, and
+                    # "[bold]x[/]" is shown as those characters; a newline would split the row
+                    cells: list[Any] = [Text(_one_line(c)) for c in row]
                     for i in b.marks_cols:
                         cells[i] = _rich_marks(row[i])
                     t.add_row(*cells)
                 parts.append(t)
             elif isinstance(b, TextBlock):
                 style = {"warn": "yellow", "muted": "dim"}.get(b.style, "")
-                parts.extend(Text(("⚠ " if b.style == "warn" else "") + line, style=style) for line in b.lines)
+                parts.extend(Text(("⚠ " if b.style == "warn" else "") + _one_line(line), style=style) for line in b.lines)
     return parts
+
+
+def _one_line(s: Any) -> str:
+    return printable(str(s)).replace("\r", " ").replace("\n", " ").replace("\t", " ")
 
 
 def render_comparison_markdown(c: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text, case, cast, create_engine, delete, event, func, inspect, literal, or_, select, text, update
+from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text, cast, create_engine, delete, event, func, inspect, or_, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,15 +37,14 @@ from harness.model.errors import StoreError, StoreLost
 from harness.model.gateway import ModelCall
 from harness.model.run import MAX_SLOTS, RunRecord
 from harness.model.units import collector_paused, one_line, utcnow
-from harness.store.orm import AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow
+from harness.store.orm import REPORT_INDEX_COLS, AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow
 
 DEFAULT_HOME = ".harness"
 SCHEMA_VERSION = 2
 Mode = Literal["rw", "ro"]
 # what a report (table, json, markdown, junit, gate) reads of each attempt; the HTML page's
 # figures and failure review read whole records
-REPORT_FIELDS = ("task_id", "slot", "attempt_no", "verdict", "reasons", "rules", "outcome", "failure_kind",
-                 "grade_reason", "error", "wall_s", "agent_wall_s", "upstream", "model_calls", "node")
+REPORT_FIELDS = (*REPORT_INDEX_COLS[:5], "rules", *REPORT_INDEX_COLS[5:])  # rules: of discarded attempts only
 _SAMPLE_COLS = ("t", "cpu_usage_us", "throttled_us", "nr_throttled", "memory_current", "pids_current", "foreign_cpu_us", "host_mem_available")
 
 
@@ -129,6 +128,7 @@ class Store:
             if mode == "rw":
                 Base.metadata.create_all(engine)
                 _add_missing_columns(engine)
+                _add_missing_indexes(engine)
                 if engine.dialect.name == "sqlite":
                     # a real write now, so a read-only or locked store fails before a run starts
                     with engine.begin() as conn:
@@ -375,19 +375,28 @@ class Store:
                 absent.append((name, AttemptRecord.model_fields[name].get_default(call_default_factory=True)))
                 continue
             c = table.c[name]
+            if name == "rules":  # of discarded attempts only, by a query of its own (below)
+                continue
             if isinstance(c.type, JSON):
                 decoded.append((len(names), [] if name in _LISTS else {} if name in _DICTS else None))
-                raw = cast(c, Text)  # text on every backend (psycopg would decode json itself)
-                if name == "rules":
-                    raw = case((AttemptRow.verdict == "clean", literal("[]")), else_=raw)
-                cols.append(raw.label(name))
+                cols.append(cast(c, Text).label(name))  # text on every backend (psycopg would decode json itself)
             else:
                 cols.append(c)
             names.append(name)
+        rules = None
+        if "rules" in fields and "rules" in have:
+            # what a clean attempt passed is not evidence a report shows; leaving rules out of the
+            # main query lets it read the report index alone (ix_attempts_report)
+            rules = (select(AttemptRow.id, cast(AttemptRow.rules, Text))
+                     .where(AttemptRow.run_id == run_id, AttemptRow.verdict != "clean"))
+            decoded.append((len(names), []))
+            names.append("rules")
         with collector_paused():  # 10^5 rows of new objects
-            return self._lean_rows(select(*cols).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id), names, decoded, absent)
+            return self._lean_rows(select(*cols).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id), names, decoded,
+                                   absent, rules)
 
-    def _lean_rows(self, stmt: Any, names: list[str], decoded: list[tuple[int, Any]], absent: list[tuple[str, Any]]) -> list[Any]:
+    def _lean_rows(self, stmt: Any, names: list[str], decoded: list[tuple[int, Any]], absent: list[tuple[str, Any]],
+                   rules: Any = None) -> list[Any]:
         rows = self._read(stmt, tuples=True)
         # tuple.__new__ straight from C (namedtuple's _make is a Python frame per row)
         make = functools.partial(tuple.__new__, lean_type(tuple(names + [n for n, _ in absent])))
@@ -396,6 +405,9 @@ class Store:
         # column by column (C-level map/set over 10^5 values, not a Python loop per row): each
         # column checked to hold what harness writes, each distinct JSON text decoded once
         cols_ = [list(c) for c in zip(*rows)]
+        if rules is not None:  # the last of names: by id; None (an empty list) for a clean attempt
+            by_id = dict(self._read(rules, tuples=True))
+            cols_.append(list(map(by_id.get, cols_[0])) if by_id else [None] * len(rows))
         kinds = _kinds(AttemptRow)
         json_at = dict(decoded)
         for i, name in enumerate(names):
@@ -722,6 +734,18 @@ def _add_missing_columns(engine: Engine) -> None:
                 if col.name not in have:
                     ddl = col.type.compile(dialect=engine.dialect)
                     conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {ddl}'))
+
+
+def _add_missing_indexes(engine: Engine) -> None:
+    """Forward-only: create the indexes a newer harness defines on a table an older one made
+    (create_all makes them with new tables only)."""
+    insp = inspect(engine)
+    for table in Base.metadata.sorted_tables:
+        have = {ix["name"] for ix in insp.get_indexes(table.name)}
+        for ix in table.indexes:
+            if ix.name not in have:
+                with engine.begin() as conn:  # each its own: a dialect's ddl_if may skip it
+                    ix.create(conn, checkfirst=True)
 
 
 def _explain(url: str, e: OperationalError) -> str:
