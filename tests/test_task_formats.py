@@ -360,3 +360,32 @@ def test_suites_check_reports_tasks_no_agent_can_run_as_broken_rows():
     checks, runs = check_suite(oracle_cannot_start, ["a", "b"])
     assert runs == [] and [c.task for c in checks] == ["a", "b"]
     assert all(not c.ok and c.oracle == "not run" and "has no solution" in c.reasons[0] for c in checks)
+
+
+def test_suites_check_calls_a_task_unmeasured_by_the_host_unmeasured_not_broken():
+    """Every attempt discarded for the host says nothing of the task: no verdict (exit 3 in the
+    CLI); discarded for an envelope rule (its own envelope too small) is the task's: broken."""
+    from harness.engine.check import check_suite
+    from harness.model.attempt import AttemptRecord
+    from harness.model.run import RunRecord
+
+    run = RunRecord(id="r", suite="s", suite_hash="h", image="i", image_digest="d", agent_cmd=["x"], profile="p",
+                    profile_json={}, harness_version="0", host={}, cgroup_version="2", trials=1, ks=[1], max_reruns=1,
+                    task_ids=["host", "env", "fine"])
+
+    def att(task: str, no: int, **kw) -> AttemptRecord:
+        return AttemptRecord(run_id="r", task_id=task, slot=0, attempt_no=no, seed=0, **kw)
+
+    def run_one(agent: str):
+        out = [att("host", n, verdict="discarded", reasons=["host_cpu_contention"]) for n in (1, 2)]
+        out += [att("env", n, verdict="discarded", reasons=["cpu_throttled"]) for n in (1, 2)]
+        ok = "pass" if agent == "oracle" else "fail"
+        out.append(att("fine", 1, verdict="clean", outcome=ok, failure_kind=None if ok == "pass" else "wrong_state"))
+        return run, out
+
+    checks = {c.task: c for c in check_suite(run_one, ["host", "env", "fine"])[0]}
+    assert checks["fine"].verdict == "ok"
+    assert checks["env"].verdict == "broken" and "cpu_throttled" in checks["env"].reasons[0]
+    host = checks["host"]
+    assert host.verdict == "unmeasured" and not host.reasons and not host.ok
+    assert "host_cpu_contention x2" in host.unmeasured[0] and len(host.unmeasured) == 2  # oracle and nop

@@ -434,6 +434,26 @@ def test_suites_check_reports_broken_tasks_in_one_line_each(docker_client, tmp_p
     assert "Traceback" not in r.stderr and "nobase" in (r.stdout + r.stderr) and "--base-map" in (r.stdout + r.stderr)
 
 
+def test_an_unmapped_base_is_shown_before_a_run_and_is_exit_2_everywhere(docker_client, tmp_path):
+    """suites show marks it (with what to map) before anything runs; images build and run
+    refuse it with exit 2 (the suite's or the caller's to fix, not the infrastructure's) and
+    the whole line; --base-map makes it buildable."""
+    s = tmp_path / "bases"
+    harbor(s, "nobase", CHECK_OUT)
+    (s / "nobase" / "environment" / "Dockerfile").write_text("FROM example.invalid/nothing:1\nWORKDIR /app\n")
+    r = run_cli(tmp_path, "suites", "show", str(s), "--json")
+    assert r.returncode == 0, r.stderr
+    err = json.loads(r.stdout)["tasks"][0]["image_error"]
+    assert "example.invalid/nothing:1" in err and "--base-map" in err
+    r = run_cli(tmp_path, "images", "build", "--suite", str(s))
+    assert r.returncode == 2 and "nobase" in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+    r = run_cli(tmp_path, "run", "--suite", str(s), "--agent", "oracle", "--db", f"sqlite:///{tmp_path}/h.db")
+    assert r.returncode == 2 and "or `docker load` it" in r.stderr, r.stderr[-1500:]  # the line whole, not cut at 300
+    mapped = ["--base-map", "example.invalid/nothing:1=harness/debian:bookworm"]
+    r = run_cli(tmp_path, "suites", "show", str(s), "--json", *mapped)
+    assert "image_error" not in json.loads(r.stdout)["tasks"][0], r.stdout
+
+
 def test_builtin_ops_suite_every_oracle_passes_every_nop_fails(docker_client, tmp_path):
     r = run_cli(tmp_path, "suites", "check", "ops", "--db", f"sqlite:///{tmp_path}/h.db", "--json")
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])

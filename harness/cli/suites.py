@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from harness.cli.app import DB_HELP, HarnessGroup, console, err
+from harness.cli.app import DB_HELP, HarnessGroup, console, die, err
 
 
 class _SuitesGroup(HarnessGroup):
@@ -62,22 +62,38 @@ def _default(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", 
 @suites_app.command("show")
 def show(
     name: str = typer.Argument(..., help="A built-in suite name or a suite directory (native, Harbor, Terminal-Bench)."),
+    base_map: list[str] = typer.Option([], "--base-map", help="FOREIGN=LOCAL base image mapping, as run would use it (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
     """Show one suite's tasks: state kind, grader, image and envelope of each.
 
-    Example:  harness suites refunds
+    A task whose envelope does not fit the suite's profile, or whose Dockerfile names a base
+    image with no local equivalent (map it with --base-map, as on run), is marked in red: a
+    run would refuse it.
+
+    Examples:
+
+      harness suites show refunds
+
+      harness suites show ./harbor-tasks --base-map nvidia/cuda:12.0-base=harness/debian:bookworm
     """
     from harness.engine.suites import load_suite
 
     s = load_suite(name)
     misfit = _misfits(s)
+    try:
+        from harness.engine.taskimages import unbuildable
+
+        nobuild = unbuildable(_engine_or_none(), s, list(base_map) or None) if any(t.build for t in s.tasks) else {}
+    except ValueError as e:  # a malformed --base-map entry
+        die(str(e))
     if json_out:
         print(json.dumps({"name": s.name, "format": s.format, "tasks": [
             {"id": t.id, "title": t.title, "tags": list(t.tags), "state": t.state_kind, "grader": t.grader_kind,
              "image": t.image or s.image, "services": [x.name for x in (*s.services, *t.services)],
              "envelope": t.envelope.model_dump(exclude_none=True) if t.envelope else {},
-             **({"envelope_error": misfit[t.id]} if t.id in misfit else {})} for t in s.tasks],
+             **({"envelope_error": misfit[t.id]} if t.id in misfit else {}),
+             **({"image_error": nobuild[t.id]} if t.id in nobuild else {})} for t in s.tasks],
             "refused": dict(s.refused),
             "agents": {"default": list(s.agent_cmd or []),
                        **{n: a.model_dump(mode="json") for n, a in s.agents.items()}}, "secrets": list(s.secrets)}, indent=2))
@@ -91,6 +107,8 @@ def show(
         env = Text(_envelope_text(ov))
         if task.id in misfit:
             env.append(("\n" if ov else "") + misfit[task.id], style="red")
+        if task.id in nobuild:
+            env.append(("\n" if env.plain else "") + "image: " + nobuild[task.id], style="red")
         t.add_row(task.id, Text(task.title[:70]), f"{task.state_kind} / {task.grader_kind}", svcs.strip(), env)
     for tid, why in sorted(s.refused.items()):
         t.add_row(tid, Text(why.splitlines()[0][:200], style="red"), "cannot run here", "", "")
@@ -102,6 +120,17 @@ def show(
         console.print(Text("agents  " + "   ".join(agents)), highlight=False)
     if s.secrets:
         console.print(Text(f"secrets (by name, held by the model gateway): {', '.join(s.secrets)}"), highlight=False)
+
+
+def _engine_or_none() -> Any:
+    """A client when an engine answers (so an image it holds counts as a base), else None."""
+    from harness.model.errors import EngineError
+    from harness.sandbox.docker_sandbox import connect
+
+    try:
+        return connect(timeout=10)
+    except EngineError:
+        return None
 
 
 def _misfits(s: Any) -> dict[str, str]:
@@ -153,7 +182,9 @@ def check(
     solution wrong here), when nop passes (the grader accepts an untouched state), or when
     it cannot run here (its image does not build offline, it has no solution, it uses a part
     of Harbor's format not supported yet: `harness suites show DIR` lists those). Both runs
-    are stored like any other (see `harness runs`). Exit 1 when any task is broken.
+    are stored like any other (see `harness runs`). A task whose oracle or nop attempts were
+    all discarded for the host's or the model API's reasons is unmeasured, not broken. Exit 1
+    when any task is broken, else 3 when a task is unmeasured (check again on a quieter host).
 
     Examples:
 
@@ -178,22 +209,27 @@ def check(
         return runner.store.get_run(runner.run.id), runner.store.attempts(runner.run.id)
 
     checks, run_ids = check_suite(run_one, ids)
-    broken = [c for c in checks if not c.ok]
+    broken = [c for c in checks if c.verdict == "broken"]
+    unmeasured = [c for c in checks if c.verdict == "unmeasured"]
     if json_out:
-        print(json.dumps({"suite": suite, "runs": run_ids, "ok": not broken, "tasks": [
-            {"task": c.task, "oracle": c.oracle, "nop": c.nop, "ok": c.ok, "reasons": c.reasons, "attempts": c.attempts} for c in checks]},
-            indent=2))
+        print(json.dumps({"suite": suite, "runs": run_ids, "ok": not broken and not unmeasured, "tasks": [
+            {"task": c.task, "oracle": c.oracle, "nop": c.nop, "ok": c.ok, "verdict": c.verdict, "reasons": c.reasons,
+             "unmeasured": c.unmeasured, "attempts": c.attempts} for c in checks]}, indent=2))
     else:
-        t = Table(title=f"suites check {suite}: {len(checks) - len(broken)} ok, {len(broken)} broken")
+        t = Table(title=f"suites check {suite}: {len(checks) - len(broken) - len(unmeasured)} ok, {len(broken)} broken"
+                        + (f", {len(unmeasured)} unmeasured" if unmeasured else ""))
         for c in ("task", "oracle", "nop", "verdict"):
             t.add_column(c)
         for c in checks:
-            verdict = Text("ok", style="green") if c.ok else Text("broken: " + "; ".join(c.reasons), style="red")
-            t.add_row(c.task, c.oracle, c.nop, verdict)
+            verdict = {"ok": Text("ok", style="green"), "broken": Text("broken: " + "; ".join(c.reasons), style="red"),
+                       "unmeasured": Text("unmeasured: " + "; ".join(c.unmeasured), style="yellow")}[c.verdict]
+            t.add_row(Text(c.task), c.oracle, c.nop, verdict)
         console.print(t)
         console.print(f"[dim]runs {', '.join(run_ids)}; per attempt: harness trials RUN, harness show ID[/]")
     if broken:
         raise typer.Exit(1)
+    if unmeasured:  # the host's doing, not the task's: what CI reads as infrastructure
+        raise typer.Exit(3)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,7 @@ from typing import Callable
 
 from harness.engine.suites import builtin_suites, load_suite
 from harness.engine.taskimages import build_task_images
-from harness.model.errors import ImageBuildError
+from harness.model.errors import ImageBuildError, NotBuildableHere
 from harness.sandbox.docker_sandbox import connect
 from harness.sandbox.images import SUITE_LABEL, BuildResult, ImageSpec, build_all
 
@@ -32,13 +32,14 @@ def build_images(base: str | None = None, suites: list[str] | None = None, force
                                    labels={SUITE_LABEL: s.name}))
     client = connect()
     results = build_all(client, specs, base=base, force=force, log=log)
-    failures = []
+    failures, infra = [], False
     for s in per_task:
         out = build_task_images(client, s, list(s.tasks), base_map, force=force, log=log)
         built = dict(out.built)
         for task, (tag, _digest) in out.images.items():
             results.append(BuildResult(tag, tag in built, "", built.get(tag, 0.0)))
         failures += [f"{s.name}/{t}: {why}" for t, why in out.failures.items()]
-    if failures:
-        raise ImageBuildError("\n".join(failures))
+        infra = infra or bool(set(out.failures) - out.not_buildable)
+    if failures:  # exit 3 when a build itself failed; 2 when every failure is the suite's to fix (map a base)
+        raise (ImageBuildError if infra else NotBuildableHere)("\n".join(failures))
     return results

@@ -121,7 +121,7 @@ def prepare_tasks(client: Any, suite: Suite, tasks: list[Task], profile: Profile
         out.tasks.append(task)
     _service_images(client, out.tasks, suite, log)
     if not out.tasks:
-        lines = "\n".join(f"  {k}: {v.splitlines()[0][:300]}" for k, v in out.excluded.items())
+        lines = "\n".join(f"  {k}: {v.splitlines()[0][:1000]}" for k, v in out.excluded.items())
         raise NothingToRun(f"no task of suite {suite.name} can run here:\n{lines}", out.excluded)
     return out
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.model.errors import HarnessError
+from harness.model.errors import HarnessError, NotBuildableHere
 from harness.model.state import BuildSpec, VerifierGraderSpec
 from harness.model.suite import Suite, Task
 from harness.sandbox.basemap import BaseMap
@@ -39,6 +39,7 @@ class TaskImages:
     verifiers: dict[str, str] = field(default_factory=dict)  # task id -> a separate verifier's image
     substitutions: dict[str, str] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
+    not_buildable: set[str] = field(default_factory=set)  # of failures: the Dockerfile's or the base map's to fix (exit 2)
     built: list[tuple[str, float]] = field(default_factory=list)  # (tag, seconds) actually built
 
 
@@ -87,7 +88,7 @@ def _one_build(client: Any, suite: Suite, task: Task, tag: str, b: BuildSpec, bm
         try:
             local = bmap.resolve(b.image, lambda r: image_id(client, r) is not None)
         except DockerfileError as e:
-            raise HarnessError(str(e)) from None
+            raise NotBuildableHere(f"docker_image {b.image}: {e}") from None
         if image_id(client, local) is None:
             ensure_local_base(client, local)
         if local != b.image:
@@ -120,8 +121,38 @@ def build_task_images(client: Any, suite: Suite, tasks: list[Task], base_map: li
             out.images[t.id] = (tag, image_identity(client, tag)[0])  # the image id: what runs, whatever the tag becomes
         except HarnessError as e:
             out.failures[t.id] = str(e)
+            if isinstance(e, NotBuildableHere):
+                out.not_buildable.add(t.id)
         if log is not None:
             took = time.monotonic() - t0
             state = "cannot be built" if t.id in out.failures else ("built" if len(out.built) > n_built else "up to date")
             log(f"image {i}/{len(todo)} {t.id}: {state} ({took:.1f} s)")
+    return out
+
+
+def unbuildable(client: Any, suite: Suite, base_map: list[str] | None = None) -> dict[str, str]:
+    """Task id -> why its image cannot be built here as written (a base with no local
+    equivalent, BuildKit-only syntax), found without building: what ``suites show`` warns of
+    before a run refuses it. ``client`` None (no engine answers): an image only the engine
+    could hold counts as missing, and the line says so."""
+    from harness.sandbox.dockerfile import translate
+
+    bmap = BaseMap.parse(base_map, suite.base_map)
+
+    def present(ref: str) -> bool:
+        return client is not None and image_id(client, ref) is not None
+
+    out: dict[str, str] = {}
+    for t in suite.tasks:
+        builds = [t.build] + ([t.grader.build] if isinstance(t.grader, VerifierGraderSpec) and t.grader.build else [])
+        for b in (x for x in builds if x is not None):
+            files = suite.files_under(b.context)
+            try:
+                if b.dockerfile in files:
+                    translate(files[b.dockerfile][0].decode("utf-8", "replace"), lambda ref: bmap.resolve(ref, present), None)
+                elif b.image:
+                    bmap.resolve(b.image, present)
+            except DockerfileError as e:
+                out[t.id] = f"{b.context}/{b.dockerfile}: {e}" + ("" if client is not None else " (no engine answers to look for it)")
+                break
     return out

@@ -61,6 +61,12 @@ class NothingToRun(RunError):
         self.excluded = dict(excluded)
 
 
+class NotBuildableHere(UsageError):
+    """A Dockerfile this harness cannot build as written: a base image with no local
+    equivalent (``--base-map`` it), BuildKit-only syntax, no Dockerfile. The suite's or the
+    caller's to fix, not the infrastructure's, so exit 2."""
+
+
 class SchedulerError(UsageError):
     """The envelope cannot be scheduled on this machine; the message says what would fit."""
 

@@ -32,7 +32,7 @@ import docker
 import docker.errors
 import requests
 
-from harness.model.errors import ImageBuildError, RunError
+from harness.model.errors import ImageBuildError, NotBuildableHere, RunError
 from harness.model.sandbox import Tree
 from harness.sandbox.basemap import BASE_IMAGE, DEBIAN_IMAGE, PYTHON_IMAGE, BaseMap
 from harness.sandbox.dockerfile import DockerfileError, Translation, normalize_ref, translate
@@ -255,14 +255,15 @@ def build_image(
     to local ones, the host's CA bundle passed in, BuildKit-only syntax rewritten
     (``harness.sandbox.dockerfile``). Skipped when the present image was built from the same
     inputs (context, translated Dockerfile, base image ids). A failure raises
-    :class:`ImageBuildError` with the log's tail; the whole log is kept in ``log_dir``.
+    :class:`ImageBuildError` with the log's tail; the whole log is kept in ``log_dir``. A
+    Dockerfile that cannot be built here as written (an unmapped base) is :class:`NotBuildableHere`.
     ``nocache`` (with ``force``) builds every step again instead of reusing the layer cache."""
     if dockerfile not in files:
-        raise ImageBuildError(f"building {tag}: no {dockerfile} in its build context")
+        raise NotBuildableHere(f"building {tag}: no {dockerfile} in its build context")
     try:
         context, tr, ids, inputs = prepare_build(client, files, dockerfile, basemap, buildargs, ensure_base)
     except DockerfileError as e:
-        raise ImageBuildError(f"building {tag}: {dockerfile}: {e}") from None
+        raise NotBuildableHere(f"building {tag}: {dockerfile}: {e}") from None
     subs = {ref: f"{local}@{ids.get(local, local)[:19]}" for ref, local in tr.bases.items() if normalize_ref(ref) != local and ref != local}
     if not force and image_inputs(client, tag) == inputs:
         return BuildResult(tag, False, inputs, substitutions=subs, notes=tr.notes)
