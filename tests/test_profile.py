@@ -107,3 +107,15 @@ def test_profile_validation_is_total(cpus, cores, mem):
     except ValueError:
         return
     assert 0 < p.cpus <= p.cores and p.memory >= 16 * MiB
+
+
+@pytest.mark.parametrize("model, field", [("Timeouts", "agent"), ("Timeouts", "grade"), ("EnvelopeOverride", "cpus"), ("EnvelopeOverride", "pids"), ("GatewayLimits", "retries")])
+def test_true_is_not_a_number_in_what_a_user_writes(model, field):
+    """pydantic reads ``true`` as 1 (a one-second limit, one core): refused, with the key."""
+    import harness.model.profile as prof
+    from pydantic import ValidationError
+
+    cls = getattr(prof, model)
+    with pytest.raises(ValidationError, match=f"{field}: true is not a number"):
+        cls.model_validate({field: True})
+    assert getattr(cls.model_validate({field: 8}), field) == 8

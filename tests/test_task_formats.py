@@ -151,11 +151,12 @@ def test_unknown_harness_key_is_named(tmp_path):
     ("agent", "timeout_secs = 30", "timeout_sec"),
     ("verifier", "timout_sec = 30", "timeout_sec"),
     ("", "artefacts = []", "artifacts"),
+    ("harness", "servise = 1", "services"),
 ])
 def test_misspelt_harbor_key_stops_the_suite_with_the_nearest_spelling(tmp_path, table, wrong, right):
     """Harbor ignores a key it does not know, which would run the task under the default
     envelope; here it is refused, even when the suite's other tasks are fine."""
-    d = harbor_task(tmp_path, "typo")
+    d = harbor_task(tmp_path, "typo", extra="[harness]\n" if table == "harness" else "")
     harbor_task(tmp_path, "fine")
     p = d / "task.toml"
     text = p.read_text()
@@ -174,13 +175,18 @@ def test_harbor_table_that_is_not_a_table_is_refused(tmp_path):
     assert "agent: expected a table" in load_error(tmp_path)
 
 
-def test_misspelt_terminal_bench_key_is_refused(tmp_path):
-    d = tmp_path / "tb"
+def tb_load_error(root, line):
+    """The load error of a Terminal-Bench task whose task.yaml has one extra LINE."""
+    d = root / "tb"
     d.mkdir()
-    (d / "task.yaml").write_text("instruction: do it\nmax_agent_timout_sec: 5\n")
+    (d / "task.yaml").write_text(f"instruction: do it\n{line}\n")
     (d / "Dockerfile").write_text("FROM ubuntu:24.04\n")
     (d / "run-tests.sh").write_text("true\n")
-    msg = load_error(tmp_path)
+    return load_error(root)
+
+
+def test_misspelt_terminal_bench_key_is_refused(tmp_path):
+    msg = tb_load_error(tmp_path, "max_agent_timout_sec: 5")
     assert "max_agent_timout_sec" in msg and "did you mean 'max_agent_timeout_sec'" in msg, msg
 
 
@@ -389,3 +395,51 @@ def test_suites_check_calls_a_task_unmeasured_by_the_host_unmeasured_not_broken(
     host = checks["host"]
     assert host.verdict == "unmeasured" and not host.reasons and not host.ok
     assert "host_cpu_contention x2" in host.unmeasured[0] and len(host.unmeasured) == 2  # oracle and nop
+
+
+@pytest.mark.parametrize("edit", ['metadata = "x"', "artifacts = 5", "[environment]\nbuild_timeout_sec = \"abc\"",
+                                  "[environment]\ncpus = inf", "[environment]\nallow_internet = \"false\""])
+def test_a_value_of_the_wrong_type_is_one_line_not_a_traceback(tmp_path, edit):
+    d = harbor_task(tmp_path)
+    p = d / "task.toml"
+    text = p.read_text()
+    key, _, value = edit.rpartition("\n")[2].partition(" = ")
+    table = edit.split("\n")[0] if "\n" in edit else ""
+    lines = [ln for ln in text.splitlines() if not ln.startswith(f"{key} =")]
+    if table:
+        lines.insert(lines.index(table) + 1, f"{key} = {value}")
+    else:
+        lines.insert(1, f"{key} = {value}")
+    p.write_text("\n".join(lines) + "\n")
+    msg = load_error(tmp_path)
+    assert "task.toml" in msg and "Traceback" not in msg, msg
+
+
+@pytest.mark.parametrize("table, key", [("agent", "agent.timeout_sec"), ("verifier", "verifier.timeout_sec")])
+@pytest.mark.parametrize("value", ['"x"', "true", "0", "-5", "inf"])
+def test_a_time_limit_that_is_not_seconds_names_its_own_key(tmp_path, table, key, value):
+    """``true`` would be read as 1 s and ``inf`` as no limit: both are refused, under the key
+    the author wrote (the verifier's, not the agent's)."""
+    d = harbor_task(tmp_path)
+    p = d / "task.toml"
+    old = "timeout_sec = 90.0" if table == "agent" else "timeout_sec = 45.0"
+    p.write_text(p.read_text().replace(old, f"timeout_sec = {value}"))
+    msg = load_error(tmp_path)
+    assert key in msg and "not a positive number of seconds" in msg, msg
+    other = "verifier.timeout_sec" if table == "agent" else "agent.timeout_sec"
+    assert other not in msg, msg
+
+
+def test_terminal_bench_time_limit_true_is_not_one_second(tmp_path):
+    msg = tb_load_error(tmp_path, "max_agent_timeout_sec: true")
+    assert "max_agent_timeout_sec" in msg and "not a positive number of seconds" in msg, msg
+
+
+def test_an_unknown_key_is_shown_as_one_printable_line(tmp_path):
+    """A key is the author's text: a newline or a bidi override in it never reaches the terminal."""
+    d = harbor_task(tmp_path)
+    p = d / "task.toml"
+    p.write_text('"evil\\nkey\\u202e\\u001b[31m" = 1\n' + p.read_text())
+    msg = load_error(tmp_path)
+    line = next(ln for ln in msg.splitlines() if "evil" in ln)
+    assert "\x1b" not in msg and "\u202e" not in msg and "unknown key" in line, msg

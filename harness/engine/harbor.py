@@ -54,7 +54,7 @@ from pydantic import ValidationError
 from harness.engine.suites import SuiteFiles, build_suite, check_tasks
 from harness.model.errors import SuiteError
 from harness.model.suite import SuiteSpec, Task
-from harness.model.units import format_validation_error, parse_size
+from harness.model.units import format_validation_error, one_line, parse_size
 
 HARBOR_FILE = "task.toml"
 TB_FILE = "task.yaml"
@@ -77,6 +77,8 @@ HARBOR_KEYS: dict[str, frozenset[str]] = {
     "agent": frozenset({"timeout_sec", "user"}),
     "verifier": frozenset({"timeout_sec", "env", "user", "environment_mode", "environment"}),
     "solution": frozenset({"env"}),
+    # this harness's own extension: services, a state / expectations grader
+    "harness": frozenset({"services", "state", "grader", "expect", "unchanged", "allow", "tags"}),
 }
 TB_KEYS = frozenset({"instruction", "descriptions", "author_name", "author_email", "difficulty", "category", "tags",
                      "parser_name", "max_agent_timeout_sec", "max_test_timeout_sec", "run_tests_in_same_shell",
@@ -91,7 +93,7 @@ def unknown_keys(where: str, table: str, data: dict[str, Any], known: frozenset[
 
     out = []
     for key in sorted(set(data) - known, key=str):
-        name = f"{table}.{key}" if table else str(key)
+        name = one_line(f"{table}.{key}" if table else str(key), 80)  # the author's text, shown as one printable line
         close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
         out.append(f"{where}: {name}: unknown key, refused rather than ignored ({hint})")
@@ -168,13 +170,19 @@ def load_foreign(root: Path) -> "Any":
     for d, rel in zip(dirs, rels):
         ctx = _Ctx(files, rel, problems, namespace, fatal)
         n0 = len(problems)
-        data = _harbor_task(ctx, d) if (d / HARBOR_FILE).is_file() else _tb_task(ctx, d)
+        manifest = HARBOR_FILE if (d / HARBOR_FILE).is_file() else TB_FILE
+        try:
+            data = _harbor_task(ctx, d) if manifest == HARBOR_FILE else _tb_task(ctx, d)
+        except (TypeError, ValueError, AttributeError, OverflowError) as e:
+            # a value of the wrong type (tags = 5, metadata = "x", timeout "abc", cpus = inf):
+            # the author's to fix, one line, never a traceback
+            fatal.append(f"{ctx.src(manifest)}: a value of the wrong type or out of range ({type(e).__name__}: {one_line(str(e), 160)})")
+            continue
         if data is None:
             if len(dirs) > 1 and len(problems) > n0:
                 refused[slug(d.name)] = "; ".join(problems[n0:])
                 del problems[n0:]
             continue
-        manifest = HARBOR_FILE if (d / HARBOR_FILE).is_file() else TB_FILE
         try:
             task = Task.model_validate(data, context={"state_kind": "container"})
         except ValidationError as e:
@@ -332,12 +340,23 @@ def _envelope(ctx: _Ctx, env: dict[str, Any], agent_timeout: Any, verifier_timeo
             ctx.refuse(HARBOR_FILE, f"environment.{mb_key if env.get(mb_key) is not None else key}", "not a size")
     mode = str(env.get("network_mode", "")).lower()
     allow = env.get("allow_internet", True)
+    if not isinstance(allow, bool):
+        ctx.refuse(HARBOR_FILE, "environment.allow_internet", f"{allow!r} is not true or false")
     out["network"] = "none" if mode in ("none", "no-network") or allow is False else "bridge"
-    try:
-        out["timeouts"] = {"agent": float(agent_timeout), "grade": float(verifier_timeout)}
-    except (TypeError, ValueError):
-        ctx.refuse(HARBOR_FILE, "agent.timeout_sec", "not a number of seconds")
+    agent_s = seconds(ctx, HARBOR_FILE, "agent.timeout_sec", agent_timeout)
+    grade_s = seconds(ctx, HARBOR_FILE, "verifier.timeout_sec", verifier_timeout)
+    if agent_s is not None and grade_s is not None:
+        out["timeouts"] = {"agent": agent_s, "grade": grade_s}
     return out
+
+
+def seconds(ctx: _Ctx, name: str, key: str, value: Any) -> float | None:
+    """A time limit from a task file: a positive, finite number of seconds. ``true`` is not one
+    (Python would read it as 1 s) and neither is ``"abc"``; refused with the key, else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf:
+        return float(value)
+    ctx.refuse(name, key, f"{one_line(repr(value), 40)} is not a positive number of seconds")
+    return None
 
 
 def _env(ctx: _Ctx, env: Any, key: str) -> dict[str, str]:
@@ -362,10 +381,7 @@ def _extension(ctx: _Ctx, ext: Any, data: dict[str, Any]) -> None:
     if not isinstance(ext, dict):
         ctx.refuse(HARBOR_FILE, "harness", "expected a table")
         return
-    allowed = {"services", "state", "grader", "expect", "unchanged", "allow", "tags"}
-    bad = sorted(set(ext) - allowed)
-    if bad:
-        ctx.refuse(HARBOR_FILE, f"harness.{bad[0]}", f"unknown key (known: {', '.join(sorted(allowed))})")
+    if set(ext) - HARBOR_KEYS["harness"]:  # recorded as fatal by _misspelt
         return
     if "services" in ext:
         data["services"] = ext["services"]
@@ -447,8 +463,9 @@ def _tb_task(ctx: _Ctx, d: Path) -> dict[str, Any] | None:
         "title": _first_line(str(instruction or d.name))[:200],
         "prompt": str(instruction or "(no instruction)").strip(),
         "tags": [str(t) for t in cfg.get("tags") or []][:20] + ([f"difficulty:{cfg['difficulty']}"] if cfg.get("difficulty") else []),
-        "envelope": {"timeouts": {"agent": float(cfg.get("max_agent_timeout_sec", 180.0)),
-                                  "grade": float(cfg.get("max_test_timeout_sec", 30.0))}, "network": "bridge"},
+        "envelope": {"timeouts": {"agent": seconds(ctx, TB_FILE, "max_agent_timeout_sec", cfg.get("max_agent_timeout_sec", 180.0)),
+                                  "grade": seconds(ctx, TB_FILE, "max_test_timeout_sec", cfg.get("max_test_timeout_sec", 30.0))},
+                     "network": "bridge"},
         "state": {"kind": "container"},
         "grader": {"kind": "verifier", "tests": tests, "extra": {"run-tests.sh": ctx.p("run-tests.sh")},
                    "command": ["bash", "/tests/run-tests.sh"], "reward": "exit"},

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.model.egress import parse_rule
-from harness.model.units import MEMORY_FLOOR, MiB, ByteSize, format_size
+from harness.model.units import MEMORY_FLOOR, MiB, ByteSize, StrictModel, format_size
 
 NetworkPolicy = Literal["none", "gateway", "allowlist", "bridge"]
 NETWORK_HELP = (
@@ -19,8 +19,7 @@ NETWORK_HELP = (
     "nothing else; 'allowlist': also the hosts in `allow`, through the egress proxy, every connection logged; "
     "'bridge': unrestricted to the internet, never to the host's services, private ranges or other attempts.")
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = StrictModel
 
 
 class Timeouts(_Strict):

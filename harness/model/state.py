@@ -18,15 +18,14 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from harness.model.units import MiB, ByteSize
+from harness.model.units import MiB, ByteSize, StrictModel
 
 SLUG = r"^[a-z0-9][a-z0-9_.-]*$"
 SERVICE_NAME = r"^[a-z][a-z0-9-]{0,62}$"  # a DNS label: what the agent connects to
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = StrictModel
 
 
 def check_env(v: dict[str, str]) -> dict[str, str]:

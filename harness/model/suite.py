@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 
 from harness.model.profile import EnvelopeOverride
 from harness.model.run import MAX_TRIALS
+from harness.model.units import StrictModel
 from harness.model.state import (
     SLUG, Expectation, ExpectationsGraderSpec, FileExpectation, GraderSpec, PostgresStateSpec, SandboxOptions,
     BuildSpec, ServiceSpec, SqliteStateSpec, StateSpec, check_abs_path,
@@ -34,8 +35,7 @@ SUITE_FILE = "suite.toml"
 TASKS_DIR = "tasks"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = StrictModel
 
 
 # the short form of a task: these top-level keys are the state's and the grader's

@@ -12,7 +12,7 @@ import re
 from contextlib import contextmanager
 from typing import Annotated, Any, Iterator, get_args
 
-from pydantic import BaseModel, BeforeValidator, ValidationError, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, WithJsonSchema, model_validator
 
 MiB = 1024 * 1024
 MEMORY_FLOOR = 16 * MiB  # below this the kernel and python3 itself do not fit
@@ -166,3 +166,24 @@ def collector_paused() -> Iterator[None]:
     finally:
         if on:
             gc.enable()
+
+
+_NUMBERS = (int, float, int | None, float | None)
+
+
+class StrictModel(BaseModel):
+    """The base of what a user writes (suites, tasks, profiles, states): an unknown key is
+    refused, and so is ``true`` where a number goes (pydantic would read it as 1: a time limit
+    of one second, one core)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, f in cls.model_fields.items():
+                key = name if name in data else f.alias
+                if key in data and isinstance(data[key], bool) and f.annotation in _NUMBERS:
+                    raise ValueError(f"{key}: {str(data[key]).lower()} is not a number")
+        return data
