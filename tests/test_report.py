@@ -485,3 +485,53 @@ def test_terminal_tables_show_task_ids_as_written_and_keep_their_columns(db):
     r = cli("report", "ids-a", "--db", url)
     row = next(ln for ln in r.stdout.splitlines() if ln.lstrip("│").startswith("t-xxx"))
     assert "✗✗✓" in row and "1/3" in row, r.stdout
+
+
+def test_markdown_and_html_carry_no_control_characters_from_ids_or_reasons(db, tmp_path):
+    """A task id or a grader's reason with a terminal escape, a bell or a bidi override is shown
+    replaced in Markdown (pasted into a PR from a terminal) and in HTML, as in the terminal."""
+    store, url = db
+    evil = "t\x1b[31mred\x07\u202eevil"
+    tasks = {evil: "✓✗✓", "plain": "✓✓✗"}
+    add_run(store, "cc-a", tasks, ks=(1, 2))
+    add_run(store, "cc-b", tasks, ks=(1, 2), minutes=1)
+    add_attempt(store, "cc-a", evil, 9, 1, verdict="clean", outcome="fail", failure_kind="wrong_state",
+                grade_reason="balance \x1b]0;pwned\x07 wrong \u202e")
+    outs = {}
+    for name, argv in {"md": ["report", "cc-a", "--format", "markdown"], "cmp-md": ["compare", "cc-a", "cc-b", "--format", "markdown"]}.items():
+        r = cli(*argv, "--db", url)
+        assert r.exit_code == 0, r.output
+        outs[name] = r.stdout
+    page = tmp_path / "r.html"
+    assert cli("report", "cc-a", "--format", "html", "--out", page, "--db", url).exit_code == 0
+    outs["html"] = page.read_text(encoding="utf-8")
+    for name, text in outs.items():
+        bad = sorted({f"U+{ord(ch):04X}" for ch in text if ch in "\x1b\x07\u202e"})
+        assert not bad, (name, bad)
+        assert "red" in text and "evil" in text, name  # the id is still there, its controls replaced
+
+
+def test_a_narrow_terminal_never_cuts_a_figure(db):
+    """On a terminal narrower than the comparison's table, each row is printed as name/value
+    pairs: every figure whole, no "+0.2…"."""
+    import io
+
+    from rich.console import Console
+
+    from harness.report.render import render_comparison_table, render_table
+
+    store, url = db
+    add_run(store, "nw-a", {"t1": "✓✗✓✗", "t2": "✓✓✓✗", "a-rather-long-task-identifier-0001": "✗✓✓✓"}, ks=(1, 2, 4))
+    add_run(store, "nw-b", {"t1": "✓✓✓✓", "t2": "✓✓✗✗", "a-rather-long-task-identifier-0001": "✓✓✓✓"}, ks=(1, 2, 4), minutes=1)
+    c = json.loads(cli("compare", "nw-a", "nw-b", "--format", "json", "--db", url).stdout)
+    rep = report_json(url, "nw-a")
+    for width in (40, 70, 100, 200):
+        for renderable, figures in ((render_comparison_table(c), [f"{s['delta']:+.3f}" for s in c["suite"]]),
+                                    (render_table(rep), [t["marks"] for t in rep["tasks"]] + [f"{t['metrics']['pass^2']:.3f}" for t in rep["tasks"]])):
+            buf = io.StringIO()
+            Console(file=buf, width=width, force_terminal=True, color_system=None).print(renderable)
+            out = buf.getvalue()
+            assert "…" not in out, (width, out)
+            assert all(len(ln) <= width for ln in out.splitlines()), (width, out)
+            for f in figures:
+                assert f in out, (width, f, out)

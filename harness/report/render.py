@@ -54,7 +54,9 @@ _MD_AS = {"<": "&lt;", ">": "&gt;", "@": "&#64;"}
 
 
 def _md_text(s: str) -> str:
-    return _MD_ACTIVE.sub(lambda m: _MD_AS.get(m.group(), "\\" + m.group()), s.replace("\r", " ").replace("\n", " "))
+    """Text for a Markdown line: one printable line (no terminal escapes or bidi overrides,
+    which a PR comment pasted from a terminal would carry), with Markdown's syntax inert."""
+    return _MD_ACTIVE.sub(lambda m: _MD_AS.get(m.group(), "\\" + m.group()), _one_line(s))
 
 
 def _md_table(b: TableBlock) -> list[str]:
@@ -167,8 +169,14 @@ def _html_marks(s: str) -> str:
     return '<span class="marks">' + "".join(f'<span class="{cls.get(ch, "")}">{_html.escape(ch)}</span>' for ch in s) + "</span>"
 
 
+def _e(s: Any) -> str:
+    """Text for HTML: escaped, and control characters and bidi overrides replaced as in the
+    terminal (a raw ESC is a parse error in HTML and shows as a box, or not at all)."""
+    return _html.escape(printable(str(s)))
+
+
 def _html_block(b: Any) -> str:
-    e = _html.escape
+    e = _e
     if isinstance(b, HtmlBlock):
         return b.html
     if isinstance(b, TextBlock):
@@ -201,7 +209,7 @@ def render_html(report: dict[str, Any], *, extra_sections: Sequence[Section] = (
     here); ``head_html`` is inserted into <head> (e.g. the inlined plotly bundle -- never a
     CDN link).
     """
-    e = _html.escape
+    e = _e
     idn = report["identity"]
     title = f"harness report · {idn['suite']} · run {report['run']['id']}"
     body = [
@@ -377,24 +385,69 @@ def _rich_sections(sections: list[Section]) -> list[Any]:
         parts.append(Text(sec.title, style="bold underline"))
         for b in sec.blocks:
             if isinstance(b, TableBlock):
-                kv = not any(b.columns)
-                t = Table(show_header=not kv, box=None if kv else box.HEAVY_HEAD, pad_edge=False)
-                for i, (col, al) in enumerate(zip(b.columns, b.aligns())):
-                    # the first column (a task id) folds rather than squeezing the figures out
-                    t.add_column(col, justify="right" if al == "r" else "left", no_wrap=col in ("trials", "A", "B"),
-                                 overflow="fold" if i == 0 else "ellipsis")
-                for row in b.rows:
-                    # Text, never markup: a cell may carry a task's id or a grader's words, and
-                    # "[bold]x[/]" is shown as those characters; a newline would split the row
-                    cells: list[Any] = [Text(_one_line(c)) for c in row]
-                    for i in b.marks_cols:
-                        cells[i] = _rich_marks(row[i])
-                    t.add_row(*cells)
-                parts.append(t)
+                parts.append(_FitTable(b))
             elif isinstance(b, TextBlock):
                 style = {"warn": "yellow", "muted": "dim"}.get(b.style, "")
                 parts.extend(Text(("⚠ " if b.style == "warn" else "") + _one_line(line), style=style) for line in b.lines)
     return parts
+
+
+class _FitTable:
+    """A table block for a terminal. A figure is never cut ("+0.2…" reads as another number):
+    its column keeps the width of its longest value, and where the terminal is too narrow for
+    all of them each row is printed as ``column value`` pairs that wrap instead."""
+
+    def __init__(self, block: TableBlock):
+        self.b = block
+
+    def _needed(self) -> int:
+        b, widths = self.b, []
+        for i, col in enumerate(b.columns):
+            cells = [len(_one_line(r[i])) for r in b.rows if i < len(r)]
+            longest = max(cells, default=0)
+            if self._figure(i):
+                widths.append(max(longest, max((len(w) for w in col.split()), default=0)))
+            else:  # a task id or words: folds, down to a readable minimum
+                widths.append(min(max(longest, len(col)), 12))
+        return sum(widths) + 3 * len(widths) + 1
+
+    def _figure(self, i: int) -> bool:
+        return self.b.aligns()[i] == "r" or i in self.b.marks_cols
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
+        b = self.b
+        kv = not any(b.columns)
+        if not kv and options.max_width < self._needed():
+            for row in b.rows:  # pairs packed into lines, never split between a name and its value
+                line = Text(_one_line(row[0]), style="bold")
+                for i, (col, cell) in enumerate(zip(b.columns[1:], row[1:]), start=1):
+                    pair = Text(f"{_one_line(col)} " if col else "", style="dim")
+                    pair.append_text(_rich_marks(cell) if i in b.marks_cols else Text(_one_line(cell)))
+                    if line.cell_len + 2 + pair.cell_len > options.max_width and line.cell_len > 2:
+                        yield line
+                        line = Text("  ")
+                    else:
+                        line.append("  ")
+                    line.append_text(pair)
+                yield line
+            return
+        t = Table(show_header=not kv, box=None if kv else box.HEAVY_HEAD, pad_edge=False)
+        for i, (col, al) in enumerate(zip(b.columns, b.aligns())):
+            figure = not kv and self._figure(i)
+            t.add_column(col, justify="right" if al == "r" else "left", no_wrap=figure, overflow="fold",
+                         min_width=max((len(_one_line(r[i])) for r in b.rows if i < len(r)), default=0) if figure else None)
+        for row in b.rows:
+            # Text, never markup: a cell may carry a task's id or a grader's words, and
+            # "[bold]x[/]" is shown as those characters; a newline would split the row
+            cells: list[Any] = [Text(_one_line(c)) for c in row]
+            for i in b.marks_cols:
+                cells[i] = _rich_marks(row[i])
+            t.add_row(*cells)
+        yield t
 
 
 def _one_line(s: Any) -> str:
@@ -409,5 +462,6 @@ def render_comparison_markdown(c: dict[str, Any]) -> str:
             if isinstance(b, TableBlock):
                 lines += _md_table(b) + [""]
             elif isinstance(b, TextBlock):
-                lines += (["\n>\n".join(f"> ⚠️ {x}" for x in b.lines)] if b.style == "warn" else [f"- {x}" for x in b.lines]) + [""]
+                lines += (["\n>\n".join(f"> ⚠️ {_md_text(x)}" for x in b.lines)] if b.style == "warn"
+                          else [f"- {_md_text(x)}" for x in b.lines]) + [""]
     return "\n".join(lines).rstrip() + "\n"
