@@ -194,7 +194,14 @@ def test_gate_baseline_regression_on_deterministic_tasks(db):
     assert r.exit_code == 1, r.output
     assert "1 task(s) that passed every trial in baseline base no longer do: t2" in r.stdout
     assert "t2: ✓✓✓✓✓ → ✓✓✗✓✓ (4/5)" in r.stdout
-    assert "not checked (absent or unmeasured in this run): t4" in r.stdout
+    assert "not checked (unmeasured in this run): t4" in r.stdout
+    # a task the baseline held and this run does not have at all fails the check: the suite
+    # lost it (else dropping a regressing task from the suite would pass the gate)
+    add_run(store, "lost", {"t1": "✓✓✓✓✓", "t3": "✓✓✓✓✓"}, minutes=4, suite_hash="sha-suite-2")
+    r = gate(url, "lost", "--baseline", "base")
+    assert r.exit_code == 1, r.output
+    assert "FAIL baseline base" in r.stdout and "2 task(s) that passed every trial in baseline base are not in this run" in r.stdout
+    assert "not in this run's suite: t2, t4" in r.stdout
     # the same tasks still deterministic: passes, and combines with --require
     add_run(store, "cand2", {"t1": "✓✓✓✓✓", "t2": "✓✓✓✓✓", "t3": "✗✗✗✗✗", "t4": "✓✓✓✓✓"}, minutes=3)
     r = gate(url, "cand2", "--baseline", "base", "--require", "pass@1>=0.7")
@@ -334,6 +341,11 @@ def test_gate_fails_an_interrupted_run_with_slots_not_run_unless_allowed(db):
     doc = json.loads(r.stdout)
     assert doc["ok"] and any("interrupted" in n for n in doc["notes"])
     assert [c["name"] for c in doc["checks"]] == ["pass@1>=0.9"]
+    # a run marked complete with slots missing cannot be resumed: the store lacks them
+    add_run(store, "gap", {"t1": "✓✓✓✓", "t2": "✓"}, ks=(1,), minutes=2, trials=4)
+    r = gate(url, "gap", "--require", "pass@1>=0.9")
+    assert r.exit_code == 1 and "marked complete, yet 3 slot(s) of 1 task(s) have no attempt" in r.stdout, r.output
+    assert "--resume" not in r.stdout.replace("cannot be resumed", "")
 
 
 def test_run_require_refuses_a_k_above_the_trials_before_anything_runs(tmp_path):

@@ -198,6 +198,14 @@ def test_attempt_that_never_started_still_shows(tmp_path):
     assert "discarded: infra_error — cannot start container: engine went away" in text
     assert "never started" in text and "no samples" in text and "not graded" in text
     assert json.loads(invoke("show", str(aid), "--json", "--db", db).stdout)["samples_count"] == 0
+    # `last`: the newest attempt of the newest run
+    later = store.add_attempt(AttemptRecord(run_id="r-infra", task_id="append", slot=0, attempt_no=2, seed=1, verdict="clean",
+                                            outcome="pass"))
+    assert json.loads(invoke("show", "last", "--json", "--db", db).stdout)["attempt"]["id"] == later
+    store.add_run(RunRecord(id="r-empty", suite="probe", suite_hash="h", image="img", profile="standard", harness_version="0",
+                            trials=1, max_reruns=0, task_ids=["append"], created_at=dt.datetime(2099, 1, 1)))
+    r = invoke("show", "last", "--db", db)
+    assert r.exit_code == 2 and "run r-empty has no attempt stored yet" in r.stderr, r.output
     r = invoke("trials", "r-infra", "--db", db)
     assert r.exit_code == 0 and "infra_error" in r.stdout
     rows = json.loads(invoke("trials", "r-infra", "--json", "--db", db).stdout)

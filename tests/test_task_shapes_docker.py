@@ -526,6 +526,12 @@ def test_verifiers_that_fetch_uv_and_pytest_at_test_time_work_offline(docker_cli
     assert "using this image's /usr/bin/python3" in said and "installer was not fetched" in said
     run = store.get_run(doc["runs"][0])
     assert "built here from" in run.identity.substitutions["example.invalid/prebuilt:1"]
+    # each task's own substitutions are kept: `show` names this attempt's bases, not the run's
+    assert set(run.task_bases["uvx-style"]) == {"example.invalid/prebuilt:1", "ubuntu:24.04"}, run.task_bases
+    assert run.task_bases["venv-style"] == ["python:3.13-slim-bookworm"], run.task_bases
+    shown = run_cli(tmp_path, "show", str(oracle.id), "--db", f"sqlite:///{tmp_path}/h.db")
+    assert shown.returncode == 0, shown.stderr
+    assert "in place of ubuntu:24.04" in shown.stdout and "python:3.13" not in shown.stdout, shown.stdout
 
 
 def test_terminal_bench_task_yaml_with_its_sourced_helpers_passes_with_oracle(docker_client, tmp_path):

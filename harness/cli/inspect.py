@@ -71,7 +71,7 @@ def _attempt_id(s: str) -> int:
     try:
         return int(s)
     except ValueError:
-        die(f"attempt {s!r}: expected a numeric attempt id; list them with `harness trials RUN`")
+        die(f"attempt {s!r}: expected a numeric attempt id or `last`; list them with `harness trials RUN`")
     raise AssertionError  # unreachable: die raises
 
 
@@ -195,7 +195,7 @@ def _phases_text(phases: list[dict[str, Any]]) -> str:
 
 
 def show(
-    attempt: str = typer.Argument(..., help="Attempt id (see `harness trials RUN`)."),
+    attempt: str = typer.Argument(..., help="Attempt id (see `harness trials RUN`), or `last`: the newest attempt of the newest run."),
     json_out: bool = typer.Option(False, "--json", help="The whole record as one JSON document."),
     prices: Optional[Path] = typer.Option(None, "--prices", help=PRICES_HELP),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
@@ -213,13 +213,17 @@ def show(
 
       harness show 42
 
+      harness show last
+
       harness show 42 --json | jq .headline
 
       harness show 42 --db sqlite:///other/harness.db
     """
-    aid = _attempt_id(attempt)
+    aid = None if attempt == "last" else _attempt_id(attempt)
     table_prices = load_prices(prices)
     store = _open(db)
+    if aid is None:
+        aid = store.last_attempt_id(store.get_run("last").id)
     a = store.get_attempt(aid)
     r = store.get_run(a.run_id)
     siblings = store.attempts(a.run_id)
@@ -250,6 +254,11 @@ def show(
         print(json.dumps(doc, indent=2, default=_jsonable))
         return
     _print_show(a, r, doc, th, table_prices)
+
+
+def _image_text(image: str, digest: str | None) -> str:
+    """The image, and its digest when that says more (a tag's); an image id once."""
+    return image if not digest or digest == image or image.endswith(digest) else f"{image}  {digest}"
 
 
 def _n(v: Any) -> str:
@@ -290,7 +299,7 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dic
         ("task / slot / attempt", f"{a.task_id} / {a.slot} / {a.attempt_no}"),
         ("seed", a.seed),
         ("container", a.container or "- (never started)"),
-        ("image", f"{a.image or r.image}  {(r.images or {}).get(a.task_id) or r.image_digest}"),
+        ("image", _image_text(a.image or r.image, (r.images or {}).get(a.task_id) or r.image_digest)),
         ("cpuset", a.cpuset or "-"),
         ("node", _node_text(a.node or {})),
         ("beside it", concurrent),
@@ -479,8 +488,11 @@ def _print_verifier_and_services(a: Any, r: Any) -> None:
     adj = (r.adjustments or {}).get(a.task_id)
     if adj:
         notes.append(f"envelope fitted to this machine: {adj.get('note', adj)}")
-    if r.substitutions:
-        notes += [f"image built FROM {local} in place of {ref}" for ref, local in r.substitutions.items()]
+    subs = dict(r.substitutions or {})
+    if r.task_bases:  # this task's own (an older run kept only the run's, all shown)
+        mine = r.task_bases.get(a.task_id) or []
+        subs = {ref: subs[ref] for ref in mine if isinstance(ref, str) and ref in subs}
+    notes += [f"image built FROM {local} in place of {ref}" for ref, local in subs.items()]
     if notes:
         c.print(Rule("envelope notes", style="dim", align="left"))
         for n in notes:

@@ -187,7 +187,7 @@ def gate(
     run: str = typer.Argument(..., help="Run id, a unique prefix of it, or `last`."),
     require: list[str] = typer.Option([], "--require", "-r", help="Suite requirement METRIC OP VALUE, e.g. 'pass^4>=0.9' (repeatable)."),
     per_task: list[str] = typer.Option([], "--per-task", help="CONDITION:SHARE, e.g. 'pass^4==1:0.9' = at least 90% of tasks reach pass^4 == 1 (repeatable)."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Fail on any task that passed every trial in this run and no longer does."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Fail on any task that passed every trial in this run and no longer does, or that this run does not have."),
     confidence: Optional[float] = typer.Option(None, "--confidence", help="Gate suite requirements on the one-sided bound at this "
                                                "confidence (e.g. 0.95: the lower bound for >=) instead of the point estimate."),
     estimand: Optional[str] = typer.Option(None, "--estimand", help="With --confidence: 'tasks' (tasks like these; the default) or "
@@ -272,15 +272,22 @@ def judge(row: RunRecord, attempts: list[Any], reqs: list[Any], pts: list[tuple[
     outs = task_outcomes(row, attempts)
     checks = [check_requirement(r, outs, confidence, estimand) for r in reqs]
     checks += [check_per_task(r, share, outs, text) for (r, share), text in pts]
-    unmeasured = check_measured(outs, row.id)
+    unmeasured = check_measured(outs, row.id, row.status)
     if unmeasured is not None:
         checks.append(unmeasured)
     pending = [t for t in outs if t.pending]
     if pending and not allow_incomplete:
         n = sum(len(t.pending) for t in pending)
-        checks.append(GateCheck("every slot run", False, f"run {row.id} is {row.status}: {n} slot(s) of {len(pending)} task(s) have not "
-                                f"run yet; `harness run --resume {row.id}` runs them (--allow-incomplete judges the slots "
-                                "measured so far)", [f"{t.task_id}: {len(t.pending)} not run" for t in pending[:20]]))
+        if row.status == "complete":  # cannot be resumed: the evidence is missing from this store
+            why = (f"run {row.id} is marked complete, yet {n} slot(s) of {len(pending)} task(s) have no attempt in this store "
+                   "(a partial copy of the store?); a complete run cannot be resumed")
+        else:
+            state = {"running": "is still running (or its controller stopped without marking it)",
+                     "interrupted": "was interrupted", "failed": "ended on an error"}.get(row.status, f"is {row.status}")
+            why = (f"run {row.id} {state}: {n} slot(s) of {len(pending)} task(s) have not run yet; "
+                   f"`harness run --resume {row.id}` runs them")
+        checks.append(GateCheck("every slot run", False, why + " (--allow-incomplete judges the slots measured so far)",
+                                [f"{t.task_id}: {len(t.pending)} not run" for t in pending[:20]]))
     if row.excluded:  # a task that could not run is not a task that passed
         checks.append(GateCheck("every task ran", False, f"{len(row.excluded)} task(s) of the suite could not run here and are in "
                                 "no figure", [f"{t}: {why.splitlines()[0][:200]}" for t, why in sorted(row.excluded.items())]))

@@ -72,7 +72,10 @@ class Progress:
 
 @dataclass
 class Pending:
-    """What is left of a run: the slots to fill (in task, trial order) and the counts so far."""
+    """What is left of a run: the slots to fill and the counts so far. Slots are in trial-major
+    order (trial 0 of every task, then trial 1, ...): a run cut short has measured every task
+    about equally, not the first tasks fully and the last not at all, and a drift of the host
+    over the run falls on every task alike rather than on the tasks that happened to run last."""
 
     slots: list[SlotState] = field(default_factory=list)
     progress: Progress = field(default_factory=lambda: Progress(0))
@@ -88,8 +91,8 @@ def pending_slots(attempts: Iterable[AttemptRecord], task_ids: list[str], trials
     for a in attempts:
         by_slot.setdefault((a.task_id, a.slot), []).append(a)
     out = []
-    for task in task_ids:
-        for i in range(trials):
+    for i in range(trials):
+        for task in task_ids:
             atts = by_slot.get((task, i), [])
             clean = first_clean(atts)
             prog.attempts += len(atts)

@@ -32,6 +32,7 @@ class Prepared:
     images: dict[str, str]  # task id -> image tag to run
     digests: dict[str, str] = field(default_factory=dict)  # task id -> digest (tasks with their own image)
     substitutions: dict[str, str] = field(default_factory=dict)
+    bases: dict[str, list[str]] = field(default_factory=dict)  # task id -> which of them its images used
     excluded: dict[str, str] = field(default_factory=dict)  # task id -> why it cannot run here
     adjustments: dict[str, dict[str, Any]] = field(default_factory=dict)  # task id -> cores, cpus, note: fitted to this machine
     requested: dict[str, dict[str, Any]] = field(default_factory=dict)  # task id -> what it asked for, when --profile replaced it
@@ -92,6 +93,7 @@ def prepare_tasks(client: Any, suite: Suite, tasks: list[Task], profile: Profile
     todo = [t for t in tasks if t.id not in out.excluded]
     built = build_task_images(client, suite, [t for t in todo if t.build is not None and not agent_image], base_map, log=log)
     out.substitutions, out.built = built.substitutions, built.built
+    out.bases = {t: refs for t, refs in built.bases.items() if refs}
     out.excluded.update(built.failures)
     for t in todo:
         if t.id in out.excluded:

@@ -253,7 +253,7 @@ class Runner:
             host=facts, cgroup_version=str(facts.get("cgroup_version", "")), trials=trials, ks=ks, max_reruns=max_reruns,
             seed=opts.seed, concurrency=concurrency, task_ids=[t.id for t in prep.tasks], sweep_id=opts.sweep_id,
             artifacts_dir=str((store.artifacts_root() / run_id).resolve()), note=opts.note,
-            images=dict(prep.digests), substitutions=dict(prep.substitutions), task_overrides=task_overrides,
+            images=dict(prep.digests), substitutions=dict(prep.substitutions), task_bases=dict(prep.bases), task_overrides=task_overrides,
             excluded={**refused, **prep.excluded}, adjustments=dict(prep.adjustments),
             agent_name=opts.agent if named else "", agent_env=agent_env, secrets=list(gw.names),
             upstreams=dict(gw.upstreams), executor=opts.executor, nodes=nodes, ray_address=ray_address,

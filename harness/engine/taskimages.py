@@ -38,6 +38,7 @@ class TaskImages:
     images: dict[str, tuple[str, str]] = field(default_factory=dict)
     verifiers: dict[str, str] = field(default_factory=dict)  # task id -> a separate verifier's image
     substitutions: dict[str, str] = field(default_factory=dict)
+    bases: dict[str, list[str]] = field(default_factory=dict)  # task id -> the references of substitutions its images used
     failures: dict[str, str] = field(default_factory=dict)
     not_buildable: set[str] = field(default_factory=set)  # of failures: the Dockerfile's or the base map's to fix (exit 2)
     built: list[tuple[str, float]] = field(default_factory=list)  # (tag, seconds) actually built
@@ -81,9 +82,11 @@ def _one_build(client: Any, suite: Suite, task: Task, tag: str, b: BuildSpec, bm
     """Build (or map) one image; the tag to run."""
     files = suite.files_under(b.context)
     prebuilt_here = bool(b.image) and image_id(client, b.image or "") is not None
+    used = out.bases.setdefault(task.id, [])
     if b.image and not prebuilt_here and b.dockerfile in files:
         # a prebuilt image (Harbor's docker_image) cannot be pulled offline: its Dockerfile is built instead
         out.substitutions[b.image] = f"{tag} (built here from {b.context}/{b.dockerfile})"
+        used.append(b.image)
     elif b.image:  # a prebuilt image and nothing to build it from: mapped like a FROM
         try:
             local = bmap.resolve(b.image, lambda r: image_id(client, r) is not None)
@@ -93,11 +96,13 @@ def _one_build(client: Any, suite: Suite, task: Task, tag: str, b: BuildSpec, bm
             ensure_local_base(client, local)
         if local != b.image:
             out.substitutions[b.image] = f"{local}@{(image_id(client, local) or local)[:19]}"
+            used.append(b.image)
         return local
     files = _with_prewarm(suite, task, b, files)
     res = build_image(client, tag, files, b.dockerfile, basemap=bmap, labels=labels, force=force, timeout=b.timeout,
                       log_dir=harness_home() / "builds", ensure_base=lambda local: ensure_local_base(client, local), nocache=nocache)
     out.substitutions.update(res.substitutions)
+    used.extend(ref for ref in res.substitutions if ref not in used)
     if res.built:
         out.built.append((tag, res.seconds))
     return tag

@@ -167,6 +167,8 @@ class RunRecord(_M):
     note: str = ""
     images: dict[str, str] = Field(default_factory=dict, description="Task id -> image digest (tasks with their own image).")
     substitutions: dict[str, str] = Field(default_factory=dict, description="Foreign base image -> local image it was built FROM.")
+    task_bases: dict[str, list[str]] = Field(default_factory=dict, description=(
+        "Task id -> which of the substitutions its own images used (the references as written); empty in runs before it was kept."))
     task_overrides: bool = Field(True, description="Tasks' own envelopes were applied (False: --profile replaced them).")
     adjustments: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Task id -> its envelope fitted to this machine.")
     excluded: dict[str, str] = Field(default_factory=dict, description="Task id -> why it could not run here (not scored).")

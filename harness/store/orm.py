@@ -49,6 +49,7 @@ class RunRow(Base):
     note: Mapped[str] = mapped_column(Text, default="")
     images: Mapped[dict] = mapped_column(JSON, default=dict)
     substitutions: Mapped[dict] = mapped_column(JSON, default=dict)
+    task_bases: Mapped[dict] = mapped_column(JSON, default=dict)
     task_overrides: Mapped[bool] = mapped_column(Boolean, default=True)
     adjustments: Mapped[dict] = mapped_column(JSON, default=dict)
     excluded: Mapped[dict] = mapped_column(JSON, default=dict)

@@ -457,6 +457,13 @@ class Store:
             cols_.append([v] * len(rows))
         return list(map(make, zip(*cols_)))
 
+    def last_attempt_id(self, run_id: str) -> int:
+        """The newest attempt of a run (the highest id: ids grow as attempts are stored)."""
+        rows = self._read(select(func.max(AttemptRow.id)).where(AttemptRow.run_id == run_id), tuples=True)
+        if not rows or rows[0][0] is None:
+            raise StoreError(f"run {run_id} has no attempt stored yet")
+        return int(rows[0][0])
+
     def get_attempt(self, attempt_id: int) -> AttemptRecord:
         rows = self._read(self._select(AttemptRow).where(AttemptRow.id == attempt_id))
         if not rows:
@@ -504,7 +511,7 @@ _DICTS = ("state_diff", "envelope", "envelope_applied", "counters", "host_counte
 
 
 _RUN_LISTS = ("agent_cmd", "ks", "task_ids", "secrets")
-_RUN_DICTS = ("profile_json", "host", "images", "substitutions", "adjustments", "excluded", "agent_env", "upstreams", "refills")
+_RUN_DICTS = ("profile_json", "host", "images", "substitutions", "task_bases", "adjustments", "excluded", "agent_env", "upstreams", "refills")
 # values a column may hold besides its type's (a record's Literal fields)
 _ENUMS = {"verdict": ("clean", "discarded"), "outcome": ("pass", "fail", None), "failure_kind": (None, *FAILURE_KINDS)}
 # whole numbers with a floor (a negative slot would index a task's slots from the end)
