@@ -267,7 +267,7 @@ def judge(row: RunRecord, attempts: list[Any], reqs: list[Any], pts: list[tuple[
     not run yet (in progress or interrupted) fails unless ``allow_incomplete``: a release gate
     that passes on the first half of a suite has not judged the suite."""
     from harness.core.aggregate import task_outcomes
-    from harness.report.gate import GateCheck, check_baseline, check_measured, check_per_task, check_requirement
+    from harness.report.gate import GateCheck, check_baseline, check_measured, check_pending, check_per_task, check_requirement
 
     outs = task_outcomes(row, attempts)
     checks = [check_requirement(r, outs, confidence, estimand) for r in reqs]
@@ -275,24 +275,14 @@ def judge(row: RunRecord, attempts: list[Any], reqs: list[Any], pts: list[tuple[
     unmeasured = check_measured(outs, row.id, row.status)
     if unmeasured is not None:
         checks.append(unmeasured)
-    pending = [t for t in outs if t.pending]
-    if pending and not allow_incomplete:
-        n = sum(len(t.pending) for t in pending)
-        if row.status == "complete":  # cannot be resumed: the evidence is missing from this store
-            why = (f"run {row.id} is marked complete, yet {n} slot(s) of {len(pending)} task(s) have no attempt in this store "
-                   "(a partial copy of the store?); a complete run cannot be resumed")
-        else:
-            state = {"running": "is still running (or its controller stopped without marking it)",
-                     "interrupted": "was interrupted", "failed": "ended on an error"}.get(row.status, f"is {row.status}")
-            why = (f"run {row.id} {state}: {n} slot(s) of {len(pending)} task(s) have not run yet; "
-                   f"`harness run --resume {row.id}` runs them")
-        checks.append(GateCheck("every slot run", False, why + " (--allow-incomplete judges the slots measured so far)",
-                                [f"{t.task_id}: {len(t.pending)} not run" for t in pending[:20]]))
+    pending = check_pending(outs, row.id, row.status)
+    if pending is not None and not allow_incomplete:
+        checks.append(pending)
     if row.excluded:  # a task that could not run is not a task that passed
         checks.append(GateCheck("every task ran", False, f"{len(row.excluded)} task(s) of the suite could not run here and are in "
                                 "no figure", [f"{t}: {why.splitlines()[0][:200]}" for t, why in sorted(row.excluded.items())]))
     notes: list[str] = []
-    if row.status != "complete" and (allow_incomplete or not pending):
+    if row.status != "complete" and (allow_incomplete or pending is None):
         notes.append(f"run {row.id} is {row.status}; judging the slots measured so far")
     if brow is not None:
         if brow.id == row.id:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from harness.model.egress import parse_rule
 from harness.model.units import MEMORY_FLOOR, MiB, ByteSize, StrictModel, format_size

@@ -211,6 +211,25 @@ def check_measured(tasks: list[TaskOutcomes], run_id: str = "RUN", status: str =
                      [f"{t.task_id}: {t.marks()}" for t in none[:20]])
 
 
+def check_pending(tasks: list[TaskOutcomes], run_id: str = "RUN", status: str = "interrupted") -> GateCheck | None:
+    """Slots with no attempt yet: a run still going or stopped is resumed; one marked complete
+    cannot be (its evidence is missing from this store)."""
+    pending = [t for t in tasks if t.pending]
+    if not pending:
+        return None
+    n = sum(len(t.pending) for t in pending)
+    if status == "complete":
+        why = (f"run {run_id} is marked complete, yet {n} slot(s) of {len(pending)} task(s) have no attempt in this store "
+               "(a partial copy of the store?); a complete run cannot be resumed")
+    else:
+        state = {"running": "is still running (or its controller stopped without marking it)",
+                 "interrupted": "was interrupted", "failed": "ended on an error"}.get(status, f"is {status}")
+        why = (f"run {run_id} {state}: {n} slot(s) of {len(pending)} task(s) have not run yet; "
+               f"`harness run --resume {run_id}` runs them")
+    return GateCheck("every slot run", False, why + " (--allow-incomplete judges the slots measured so far)",
+                     [f"{t.task_id}: {len(t.pending)} not run" for t in pending[:20]])
+
+
 def check_baseline(
     base: list[TaskOutcomes], cur: list[TaskOutcomes], base_id: str, marks: dict[str, str] | None = None, base_marks: dict[str, str] | None = None
 ) -> GateCheck:
@@ -241,11 +260,13 @@ def check_baseline(
         details.append(f"not checked (unmeasured in this run): {', '.join(unchecked)}")
     if absent:
         details.append(f"not in this run's suite: {', '.join(absent[:50])}" + (f" and {len(absent) - 50} more" if len(absent) > 50 else ""))
-    if regressed or absent:
-        msg = "; ".join(
-            ([f"{len(regressed)} task(s) that passed every trial in baseline {base_id} no longer do: "
-              + ", ".join(tid for tid, _ in regressed)] if regressed else [])
-            + ([f"{len(absent)} task(s) that passed every trial in baseline {base_id} are not in this run "
-                "(the suite lost them; gate against a baseline of this suite)"] if absent else []))
-        return GateCheck(name, False, msg, details)
+    problems = []
+    if regressed:
+        problems.append(f"{len(regressed)} task(s) that passed every trial in baseline {base_id} no longer do: "
+                        + ", ".join(tid for tid, _ in regressed))
+    if absent:
+        problems.append(f"{len(absent)} task(s) that passed every trial in baseline {base_id} are not in this run "
+                        "(the suite lost them; gate against a baseline of this suite)")
+    if problems:
+        return GateCheck(name, False, "; ".join(problems), details)
     return GateCheck(name, True, f"all {held} task(s) that passed every trial in baseline {base_id} still do", details)

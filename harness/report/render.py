@@ -399,16 +399,16 @@ class _FitTable:
 
     def __init__(self, block: TableBlock):
         self.b = block
+        # each column's longest value, measured once
+        self.longest = [max((len(_one_line(r[i])) for r in block.rows if i < len(r)), default=0) for i in range(len(block.columns))]
 
     def _needed(self) -> int:
-        b, widths = self.b, []
-        for i, col in enumerate(b.columns):
-            cells = [len(_one_line(r[i])) for r in b.rows if i < len(r)]
-            longest = max(cells, default=0)
+        widths = []
+        for i, col in enumerate(self.b.columns):
             if self._figure(i):
-                widths.append(max(longest, max((len(w) for w in col.split()), default=0)))
+                widths.append(max(self.longest[i], max((len(w) for w in col.split()), default=0)))
             else:  # a task id or words: folds, down to a readable minimum
-                widths.append(min(max(longest, len(col)), 12))
+                widths.append(min(max(self.longest[i], len(col)), 12))
         return sum(widths) + 3 * len(widths) + 1
 
     def _figure(self, i: int) -> bool:
@@ -439,7 +439,7 @@ class _FitTable:
         for i, (col, al) in enumerate(zip(b.columns, b.aligns())):
             figure = not kv and self._figure(i)
             t.add_column(col, justify="right" if al == "r" else "left", no_wrap=figure, overflow="fold",
-                         min_width=max((len(_one_line(r[i])) for r in b.rows if i < len(r)), default=0) if figure else None)
+                         min_width=self.longest[i] if figure else None)
         for row in b.rows:
             # Text, never markup: a cell may carry a task's id or a grader's words, and
             # "[bold]x[/]" is shown as those characters; a newline would split the row
