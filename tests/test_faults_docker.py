@@ -31,8 +31,16 @@ def start(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.Popen:
     if (tmp_path / "tmp").is_dir():
         env["TMPDIR"] = str(tmp_path / "tmp")
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+        [sys.executable, "-m", "harness", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        preexec_fn=_ctrl_c_as_at_a_terminal,
     )
+
+
+def _ctrl_c_as_at_a_terminal() -> None:
+    """The child gets SIGINT's default disposition, as a command typed at a terminal has: a test
+    run started in the background by a shell without job control (nohup, `cmd &` in a script)
+    inherits SIGINT ignored, and the Ctrl-C under test would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
