@@ -44,9 +44,10 @@ def slot_views(attempts: Iterable[AttemptRecord], task_ids: list[str], trials: i
     """Group attempts into slots. If a slot somehow has several clean attempts (it should
     not), the first one counts and the rest are ignored, so nothing is counted twice.
     ``refills``: the run's refilled slots ("task/slot" -> attempt number refilled after)."""
-    refills = refills or {}
-    views = {t: [SlotView(task=t, slot=i, max_reruns=max_reruns, refilled_after=refills.get(f"{t}/{i}", 0)) for i in range(trials)]
-             for t in task_ids}
+    if refills:
+        views = {t: [SlotView(t, i, None, [], max_reruns, refills.get(f"{t}/{i}", 0)) for i in range(trials)] for t in task_ids}
+    else:  # positional, no key per slot: 10^5 slots in a large run
+        views = {t: [SlotView(t, i, None, [], max_reruns) for i in range(trials)] for t in task_ids}
     # one pass in the order given (a store reads in insertion order), then each slot's own
     # attempts put in (attempt number, id) order: no sort of the whole run
     several: list[SlotView] = []
@@ -70,17 +71,22 @@ def slot_views(attempts: Iterable[AttemptRecord], task_ids: list[str], trials: i
 def outcomes_of(task: str, slots: list[SlotView]) -> TaskOutcomes:
     """One task's outcomes from its slot views."""
     kinds: dict[str, int] = defaultdict(int)
-    for s in slots:
-        if s.clean is not None and s.clean.outcome != "pass":
-            kinds[s.clean.failure_kind or "unknown"] += 1
+    trials: list[bool] = []
+    statuses: list[SlotStatus] = []
+    for s in slots:  # one pass (10^5 slots in a large run's report)
+        c = s.clean
+        if c is None:
+            statuses.append(s.status)
+        elif c.outcome == "pass":
+            trials.append(True)
+            statuses.append("pass")
+        else:
+            trials.append(False)
+            statuses.append("fail")
+            kinds[c.failure_kind or "unknown"] += 1
     # built from values made here (bools, slot statuses, counts): validating them again per
     # task was a tenth of a 10^5-attempt report
-    return TaskOutcomes.model_construct(
-        task_id=task,
-        trials=[s.clean.outcome == "pass" for s in slots if s.clean is not None],
-        slots=[s.status for s in slots],
-        failure_kinds=dict(kinds),
-    )
+    return TaskOutcomes.model_construct(task_id=task, trials=trials, slots=statuses, failure_kinds=dict(kinds))
 
 
 def task_outcomes(run: RunRecord, attempts: Iterable[AttemptRecord]) -> list[TaskOutcomes]:
