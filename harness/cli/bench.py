@@ -125,17 +125,18 @@ def _sampling(client, prof, cpuset, seconds: float, hz: float) -> dict:
         c0 = time.process_time()
         time.sleep(seconds)
         idle_cpu = time.process_time() - c0
-        mon = Monitor(sb._reader.sample, cpuset, hz)  # as measured_exec samples
+        mon = Monitor(sb._reader, cpuset, hz)  # as measured_exec samples
         c0 = time.process_time()
         mon.start(time.monotonic(), host0, cg0)
         time.sleep(seconds)
         mon.stop()
+        n = len(mon.samples)  # the log's models are built when it is read: part of the cost
         mon_cpu = time.process_time() - c0
-    per_sample_us = (mon_cpu - idle_cpu) / max(1, len(mon.samples)) * 1e6
+    per_sample_us = (mon_cpu - idle_cpu) / max(1, n) * 1e6
     share = (mon_cpu - idle_cpu) / seconds
     return {
         "name": f"sampling cost at {hz:g} Hz",
-        "samples": len(mon.samples),
+        "samples": n,
         "controller_cpu_per_attempt_second": round(share, 5),
         "share_of_one_core_pct": round(100 * share, 3),
         "per_sample_us": round(per_sample_us, 1),
@@ -176,18 +177,19 @@ def bench_controller_scale(client, levels: tuple[int, ...] = (8, 32, 64, 128), s
             mons = []
             try:
                 for sb in sandboxes:  # started before the window: what is measured is sampling alone
-                    m = Monitor(sb._reader.sample, shared, hz)
+                    m = Monitor(sb._reader, shared, hz)
                     m.start(time.monotonic(), hoststats.read_host_snapshot(time.monotonic()), sb.snapshot())
                     mons.append(m)
                 base = sum(len(m.samples) for m in mons)
                 c0 = time.process_time()
                 time.sleep(seconds)
+                now = sum(len(m.samples) for m in mons)  # the models of the window's samples are built here: counted
                 busy = time.process_time() - c0 - idle
                 rss1 = me.memory_info().rss
             finally:
                 for m in mons:
                     m.stop()
-            samples = sum(len(m.samples) for m in mons) - base
+            samples = now - base
             rows.append({"n": n, "cpu_share": busy / seconds, "per_attempt": busy / seconds / n, "samples": samples,
                          "expected": int(n * seconds * hz), "rss_mib_per_attempt": (rss1 - rss0) / 2**20 / n})
     finally:

@@ -19,7 +19,7 @@ import platform
 import socket
 from typing import NamedTuple
 
-from harness.measure.cgroup import detect_cgroup_version, parse_psi
+from harness.measure.cgroup import HeldFile, detect_cgroup_version, parse_psi
 from harness.model.counters import PSI, HostSnapshot
 from harness.model.units import one_line
 
@@ -204,17 +204,23 @@ def read_host_snapshot(t: float, proc_root: str | os.PathLike = "/proc", clk_tck
 class HostSampler:
     """What one saturation sample keeps of the host: busy time of the pinned CPUs and
     MemAvailable, from /proc/stat and /proc/meminfo only (no PSI, no other CPUs' lines, no
-    other meminfo keys), parsed as :func:`parse_proc_stat` and :func:`mem_available` do."""
+    other meminfo keys), parsed as :func:`parse_proc_stat` and :func:`mem_available` do.
+    Both files are held open (:class:`HeldFile`) until :meth:`close`."""
 
     def __init__(self, cpus: list[int], proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK):
         self._prefixes = {f"cpu{c} ": c for c in cpus}
         self._stat = os.path.join(str(proc_root), "stat")
         self._meminfo = os.path.join(str(proc_root), "meminfo")
+        self._held = (HeldFile(self._stat), HeldFile(self._meminfo))
         self._clk_tck = clk_tck
+
+    def close(self) -> None:
+        for f in self._held:
+            f.close()
 
     def busy_us(self) -> dict[int, int]:
         """Busy microseconds (user + nice + system + irq + softirq) of each pinned CPU online."""
-        text = _read(self._stat)
+        text = self._held[0].read()
         if text is None:
             raise FileNotFoundError(f"{self._stat} missing: not a mounted /proc")
         out: dict[int, int] = {}
@@ -230,7 +236,7 @@ class HostSampler:
         return out
 
     def mem_available(self) -> int:
-        text = _read(self._meminfo)
+        text = self._held[1].read()
         if text is None:
             raise FileNotFoundError(f"{self._meminfo} missing: not a mounted /proc")
         i = text.find("MemAvailable:")

@@ -687,7 +687,7 @@ class DockerSandbox(Sandbox):
         mon = None
         if cg0 is not None and self._reader is not None:
             reader = self._reader
-            mon = Monitor(reader.sample, self.cpuset, self.profile.sample_hz)
+            mon = Monitor(reader, self.cpuset, self.profile.sample_hz)
             mon.start(t0, host0, cg0)
         try:
             res = self.exec(cmd, timeout=timeout, env=env, workdir=workdir)
