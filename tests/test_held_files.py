@@ -4,6 +4,7 @@ behind, and a cgroup removed under an open descriptor is a vanished cgroup."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -22,12 +23,27 @@ FX = Path(__file__).parent / "fixtures" / "cgroup"
 PID = 4242
 
 
-def _fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def _fds() -> list[str]:
+    """What this process holds open, by target (fd numbers get reused)."""
+    out = []
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{n}"))
+        except OSError:  # the directory's own descriptor, closed by now
+            pass
+    return sorted(out)
+
+
+def _opened(before: list[str], after: list[str]) -> list[str]:
+    rest = list(after)
+    for t in before:
+        if t in rest:
+            rest.remove(t)
+    return sorted(rest)
 
 
 def test_a_held_kernel_file_is_generated_afresh_on_every_read():
-    f = HeldFile("/proc/self/schedstat")  # this thread's run time: grows between two reads
+    f = HeldFile("/proc/thread-self/schedstat")  # this thread's run time: grows between two reads
     try:
         a = int(f.read().split()[0])
         t = time.thread_time() + 0.02
@@ -51,6 +67,44 @@ def test_a_held_file_longer_than_its_buffer_is_read_whole(tmp_path):
     f.close()  # twice is harmless
 
 
+def test_a_held_kernel_file_longer_than_its_buffer_is_one_whole_read():
+    """Each growth is a new read from offset 0: the text of one generation, never two spliced."""
+    f = HeldFile("/proc/meminfo", size=64)
+    try:
+        held = f.read()
+    finally:
+        f.close()
+    with open("/proc/meminfo") as g:
+        whole = g.read()
+    assert [line.split(":")[0] for line in held.splitlines()] == [line.split(":")[0] for line in whole.splitlines()]
+    assert held.endswith("\n") and len(held.splitlines()) > 10
+
+
+def test_a_cgroup_removed_under_the_descriptor_reads_none(monkeypatch):
+    """ENODEV is what a kernfs file answers once its cgroup is removed (the docker test below
+    removes a real one): the read answers None, which the sampler reports as vanished."""
+    f = HeldFile("/proc/meminfo")
+    assert f.read()
+
+    def pread_enodev_fake(fd, n, off):
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(os, "pread", pread_enodev_fake)
+    assert f.read() is None
+    monkeypatch.undo()
+    f.close()
+
+
+def test_a_held_file_read_after_close_is_an_error_never_a_file_opened_again():
+    before = _fds()
+    f = HeldFile("/proc/meminfo")
+    f.read()
+    f.close()
+    with pytest.raises(CgroupError, match="closed"):
+        f.read()
+    assert _fds() == before
+
+
 def test_a_held_file_that_is_absent_reads_none_and_holds_nothing(tmp_path):
     before = _fds()
     f = HeldFile(str(tmp_path / "nope"))
@@ -66,12 +120,20 @@ def test_with_no_descriptor_left_a_read_is_a_lost_sample_and_the_next_one_opens_
         from harness.measure.cgroup import CgroupError, HeldFile
         f = HeldFile("/proc/meminfo")
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 1, hard))
+        fill = []
+        try:
+            while True:  # take every free number below the limit
+                fill.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
         try:
             f.read()
         except CgroupError as e:
             print("lost:", "Too many open files" in str(e) and "ulimit -n" in str(e))
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for fd in fill:
+            os.close(fd)
         print("then:", "MemAvailable:" in f.read())
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -104,7 +166,9 @@ def test_the_monitor_holds_its_files_only_while_it_samples():
     during = _fds()
     mon.stop()
     assert mon.errors == 0, mon.last_error
-    assert len(during - before) == 4 + 2  # v1: usage, cpu.stat, memory, pids; /proc/stat, /proc/meminfo
+    opened = _opened(before, during)  # v1: usage, cpu.stat, memory, pids; /proc/stat, /proc/meminfo
+    assert len(opened) == 6 and "/proc/stat" in opened and "/proc/meminfo" in opened, opened
+    assert sum("v1_hybrid" in t for t in opened) == 4, opened
     assert _fds() == before
     s = mon.samples
     assert len(s) >= 3 and s is mon.samples
@@ -118,7 +182,7 @@ def test_the_host_sampler_releases_its_files(tmp_path):
     before = _fds()
     h = HostSampler([0], proc_root=tmp_path, clk_tck=100)
     assert (h.busy_us(), h.mem_available()) == ({0: 10_000}, 2048)
-    assert len(_fds() - before) == 2
+    assert _opened(before, _fds()) == sorted([str(tmp_path / "stat"), str(tmp_path / "meminfo")])
     h.close()
     assert _fds() == before
 

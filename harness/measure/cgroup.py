@@ -320,20 +320,30 @@ class HeldFile:
     that wakes cold). With no descriptor to be had (EMFILE), a read is a CgroupError (the
     monitor counts a lost sample) and the next read tries to open the file again.
 
+    For files the kernel shows in one go only (a counter, ``cpu.stat``, ``/proc/stat``,
+    ``/proc/meminfo``): a file of many records (``/proc/self/maps``) comes a page per read,
+    and v1's ``cgroup.procs``/``tasks`` keep their pid list per open file while it is read
+    more often than once a second, so neither is ever held.
+
     :meth:`read` answers what :func:`_read` answers: the text, None when the file is gone
     (ENODEV: the cgroup was removed under an open descriptor) or absent, CgroupError
-    otherwise. The buffer grows while a read fills it, so a long file (``/proc/stat`` on a
-    big host) is never cut. Not thread-safe: one owner (a monitor's thread) reads it."""
+    otherwise. The buffer grows while a read fills it (each try a whole read from offset 0),
+    so a long file (``/proc/stat`` on a big host) is not cut below 16 MiB. Not thread-safe:
+    one owner (a monitor's thread) reads it; after :meth:`close` a read is a CgroupError,
+    never a file opened again."""
 
-    __slots__ = ("path", "_fd", "_size")
+    __slots__ = ("path", "_fd", "_size", "_closed")
 
     def __init__(self, path: str, size: int = 16384):
         self.path = path
         self._fd: int | None = None
         self._size = size
+        self._closed = False
 
     def read(self) -> str | None:
         if self._fd is None:
+            if self._closed:
+                raise CgroupError(f"{self.path} read after its holder closed it")
             try:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             except (FileNotFoundError, NotADirectoryError):
@@ -357,6 +367,7 @@ class HeldFile:
             raise CgroupError(f"cannot read {self.path}: {e.strerror}") from e
 
     def close(self) -> None:
+        self._closed = True
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
@@ -364,7 +375,7 @@ class HeldFile:
     def __del__(self) -> None:  # an owner that forgot close() leaks no descriptor
         try:
             self.close()
-        except OSError:
+        except Exception:  # at interpreter exit `os` may already be gone
             pass
 
 
@@ -782,10 +793,13 @@ class HeldSampler:
     def __init__(self, reader: SnapshotReader):
         self._reader = reader
         self._files: dict[str, HeldFile] = {}
+        self._closed = False
 
     def _read(self, path: str | None) -> str | None:
         if path is None:
             return None
+        if self._closed:
+            raise CgroupError(f"{path} read after its holder closed it")
         f = self._files.get(path)
         if f is None:
             f = self._files[path] = HeldFile(path)
@@ -795,6 +809,7 @@ class HeldSampler:
         return self._reader._sample(self._read)
 
     def close(self) -> None:
+        self._closed = True
         for f in self._files.values():
             f.close()
         self._files.clear()

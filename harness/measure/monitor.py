@@ -28,13 +28,14 @@ class Monitor:
         self._source = reader
         self._reader: Callable[[], SampleCounters] = reader.sample if isinstance(reader, SnapshotReader) else reader
         self._pinned = pinned
-        self._own_host = host is None
+        self._own_host = host is None  # then the sampling thread closes it when it ends
         self._host = host or HostSampler(pinned)
         self._interval = 1.0 / hz
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="harness-monitor", daemon=True)
         self._rows: list[tuple[float, int, int | None, int | None, int | None, int | None, int, int]] = []
         self._built: list[Sample] = []
+        self._building = threading.Lock()  # two readers of `samples` never build a row twice
         self.mem_available_min: int | None = None
         self.pids_peak: int | None = None
         self.t0 = time.monotonic()
@@ -60,10 +61,11 @@ class Monitor:
     def samples(self) -> list[Sample]:
         """The saturation log so far, oldest first (the same list, grown, on each read)."""
         rows, built = self._rows, self._built
-        # the values are this module's own ints (parsed from kernel files), so no validation
-        for t, cpu, thr, nr, mem, pids, foreign, avail in rows[len(built):len(rows)]:
-            built.append(Sample.model_construct(t=t, cpu_usage_us=cpu, throttled_us=thr, nr_throttled=nr, memory_current=mem,
-                                                pids_current=pids, foreign_cpu_us=foreign, host_mem_available=avail))
+        with self._building:
+            # the values are this module's own ints (parsed from kernel files), so no validation
+            for t, cpu, thr, nr, mem, pids, foreign, avail in rows[len(built):len(rows)]:
+                built.append(Sample.model_construct(t=t, cpu_usage_us=cpu, throttled_us=thr, nr_throttled=nr, memory_current=mem,
+                                                    pids_current=pids, foreign_cpu_us=foreign, host_mem_available=avail))
         return built
 
     @property
