@@ -424,6 +424,8 @@ def bench_report_scale(tasks: int = 12_500, trials: int = 8, repeats: int = 3) -
     import sys
     import tempfile
 
+    from harness.store.store import REPORT_FIELDS
+
     with tempfile.TemporaryDirectory(prefix="harness-bench-report-") as tmp:
         root = Path(tmp)
         db = root / "r.db"
@@ -457,20 +459,42 @@ def bench_report_scale(tasks: int = 12_500, trials: int = 8, repeats: int = 3) -
                 f"{run_id!r}, '--format', 'json', '--db', {f'sqlite:///{db}'!r}, '--out', {str(root / 'r.json')!r}]\n"
                 "try:\n    main()\nexcept SystemExit as e:\n    code = e.code or 0\nelse:\n    code = 0\n"
                 "print(time.perf_counter() - t0, file=sys.stderr)\nsys.exit(code)")
-        h, b = [], []
+        # the same report in its phases (what `harness report` calls, one after the other), and
+        # the columns it reads fetched by raw sqlite3: where the time goes, and what no reader
+        # of these rows in Python avoids
+        phases = ("import time; T = time.perf_counter; t0 = T()\nimport harness.cli.commands\n"
+                  "from harness.cli.report import _load, _store\nfrom harness.report.build import build_report\nt1 = T()\n"
+                  f"store = _store({f'sqlite:///{db}'!r}); run, attempts = _load(store, {run_id!r}, lean=True); t2 = T()\n"
+                  "rep = build_report(run, attempts, late=len(store.late_attempts(run.id))); t3 = T()\n"
+                  "rep.model_dump_json(by_alias=True, indent=2); t4 = T()\n"
+                  "print(t1 - t0, t2 - t1, t3 - t2, t4 - t3)")
+        cols = ", ".join(("id", *REPORT_FIELDS))
+        h, b, ph, fetch = [], [], [], []
         for _ in range(repeats):
             (root / "r.json").unlink(missing_ok=True)
             p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
             if p.returncode != 0 or not (root / "r.json").exists():
                 raise RuntimeError(p.stderr[-500:])
             h.append(float(p.stderr.strip().splitlines()[-1]))
+            p = subprocess.run([sys.executable, "-c", phases], capture_output=True, text=True, env=env, cwd=root)
+            if p.returncode != 0:
+                raise RuntimeError(p.stderr[-500:])
+            ph.append([float(x) for x in p.stdout.split()])
             t0 = time.perf_counter()
             con.execute("select * from attempts where run_id = ?", (run_id,)).fetchall()
             b.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            con.execute(f"select {cols} from attempts where run_id = ? order by id", (run_id,)).fetchall()
+            fetch.append(time.perf_counter() - t0)
         con.close()
+    names = ("imports", "load", "build", "json")
+    med = [statistics.median(x[i] for x in ph) for i in range(4)]
     return {
         "name": f"report of one run of {n:,} attempts ({tasks} tasks x {trials} trials), SQLite (goal <= 1 s)",
         "harness_report_json_s": _spread(h, "{:.2f}") + "  (in-process: imports, store, load, build, json)",
+        "phases_s": ", ".join(f"{nm} {_spread([x[i] for x in ph], '{:.2f}')}" for i, nm in enumerate(names)),
+        "phase_shares": ", ".join(f"{nm} {m / sum(med):.0%}" for nm, m in zip(names, med)),
+        "raw_fetch_of_its_columns_s": _spread(fetch, "{:.2f}") + "  (raw sqlite3, the columns the load reads: the floor of its load)",
         "baseline_s": _spread(b, "{:.2f}"),
         "baseline": "raw sqlite3 SELECT * of the same run's attempt rows",
         "ratio": round(statistics.median(h) / statistics.median(b), 2),

@@ -73,9 +73,9 @@ class Monitor:
         """How long the controller stood still beyond one sampling interval (0 when it never did)."""
         return max(0.0, self.max_gap - self._interval)
 
-    def _sample(self) -> None:
+    def _sample(self, read: Callable[[], SampleCounters]) -> None:
         t = time.monotonic()
-        cg = self._reader()  # an error here (the cgroup going away) is counted by _loop
+        cg = read()  # an error here (the cgroup going away) is counted by _loop
         now, then = self._host.busy_us(), self._host0.cpu_busy_us
         busy = sum(now.get(c, 0) - then.get(c, 0) for c in self._pinned)
         foreign = max(0, busy - (cg.cpu_usage_us - self._cg0.cpu_usage_us))
@@ -91,13 +91,12 @@ class Monitor:
 
     def _loop(self) -> None:
         held = self._source.held() if isinstance(self._source, SnapshotReader) else None
-        if held is not None:
-            self._reader = held.sample
+        read = held.sample if held is not None else self._reader
         try:
             while not self._stop.wait(self._interval):
                 self._tick()
                 try:
-                    self._sample()
+                    self._sample(read)
                 except Exception as e:  # a bad read (host file, parse) costs one sample, never the log
                     self.errors += 1
                     self.last_error = f"{type(e).__name__}: {str(e)[:200]}"
