@@ -265,7 +265,7 @@ def test_live_spans_are_the_exported_tree(otel_run):
 @pytest.mark.docker
 def test_collector_down_the_run_goes_on_and_export_exits_3(tmp_path, docker_client):
     port = _dead_port()
-    env = {"OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+    env = {"OTEL_EXPORTER_OTLP_TIMEOUT": "2000"}  # milliseconds
     res = run_cli(tmp_path, "run", "--suite", PROBE, "--tasks", "append", "--trials", "2", "--k", "1", "--json",
                   "--otlp", f"http://127.0.0.1:{port}", env=env)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -273,7 +273,7 @@ def test_collector_down_the_run_goes_on_and_export_exits_3(tmp_path, docker_clie
     attempts = _store(tmp_path).attempts(run_id)
     assert len([a for a in attempts if a.verdict == "clean"]) == 2  # everything stored
     lines = [ln for ln in res.stderr.splitlines() if str(port) in ln]
-    assert len(lines) == 1 and "did not take spans (connection refused)" in lines[0] and f"harness export {run_id}" in lines[0], res.stderr
+    assert len(lines) == 1 and "did not take spans (connection refused; is it running" in lines[0] and f"harness export {run_id}" in lines[0], res.stderr
     assert "Traceback" not in res.stderr and "Transient error" not in res.stderr
 
     exp = run_cli(tmp_path, "export", run_id, "--otlp", f"http://127.0.0.1:{port}/v1/traces", env=env)
@@ -318,6 +318,76 @@ def test_bad_headers_and_unknown_runs_are_usage_errors(otel_run):
     for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):  # the SDK would drop it in silence
         res = run_cli(tmp, "export", "last", "--otlp", "http://127.0.0.1:1", env={var: "x-team=evals,garbageSECRETVALUE123"})
         assert res.returncode == 2 and f"${var}" in res.stderr and "SECRETVALUE" not in res.stderr, res.stderr
+
+
+class _FailingCollector:
+    """A real HTTP server on 127.0.0.1 that answers every POST with ``status``, or with
+    ``status=None`` takes the request and never answers (a hung collector)."""
+
+    def __init__(self, status: int | None):
+        release = self.release = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if status is None:
+                    release.wait(60)
+                    return
+                self.send_error(status)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def test_the_export_timeout_is_milliseconds_and_a_bad_one_is_a_usage_error(tmp_path, monkeypatch):
+    from harness.engine.otel import export_timeout
+    from harness.model.errors import UsageError
+
+    for var in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    assert export_timeout() == 10.0  # the specification's default, 10000 ms
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2500")
+    assert export_timeout() == 2.5
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "400")  # the traces one comes first, as in the SDK
+    assert export_timeout() == 0.4
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+    for bad in ("0", "-5", "abc", "nan", "inf"):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", bad)
+        with pytest.raises(UsageError, match="OTEL_EXPORTER_OTLP_TIMEOUT.*milliseconds"):
+            export_timeout()
+        for args in (("export", "last", "--otlp", "http://127.0.0.1:1"), ("run", "--suite", PROBE, "--trials", "1", "--otlp", "http://127.0.0.1:1")):
+            res = run_cli(tmp_path, *args, env={"OTEL_EXPORTER_OTLP_TIMEOUT": bad})
+            assert res.returncode == 2 and "milliseconds" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "home" / "harness.db").exists()  # refused before anything was stored
+
+
+@pytest.mark.docker
+def test_a_collector_that_refuses_or_hangs_is_named_for_what_it_did(otel_run):
+    tmp = otel_run["tmp"]
+    with _FailingCollector(500) as c:
+        res = run_cli(tmp, "export", "last", "--otlp", c.url)
+    line = res.stderr.strip().splitlines()
+    assert res.returncode == 3 and len(line) == 1 and "HTTP 500" in line[0] and "see its logs" in line[0], res.stderr
+    assert "is it running" not in line[0]
+    with _FailingCollector(None) as c:  # 300 ms, not 300 s: the variable is read in milliseconds
+        res = run_cli(tmp, "export", "last", "--otlp", c.url, env={"OTEL_EXPORTER_OTLP_TIMEOUT": "300"}, timeout=120)
+    line = res.stderr.strip().splitlines()
+    assert res.returncode == 3 and len(line) == 1 and "timed out" in line[0] and "0.3 s" in line[0] and "milliseconds" in line[0], res.stderr
 
 
 @pytest.mark.docker

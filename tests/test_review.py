@@ -171,6 +171,16 @@ def test_read_capped_keeps_the_start_and_end_at_line_boundaries(tmp_path):
     assert read_capped(tmp_path / "absent", 10) is None
 
 
+def test_a_line_longer_than_its_share_of_the_cap_is_cut_inside_never_dropped(tmp_path):
+    p = tmp_path / "t.jsonl"  # a big tool result between small lines: the line a reader wants
+    big = json.dumps({"role": "tool", "content": "B" * 200_000})
+    p.write_text('{"role": "user", "content": "hi"}\n' + big + '\n{"role": "assistant", "content": "done"}\n')
+    c = read_capped(p, 64 * 1024, head_share=0.25, controls=True)
+    assert c.truncated and c.kept > 60 * 1024  # was 556 bytes: both cuts fell back to the small lines
+    assert c.head.startswith('{"role": "user"') and '{"role": "tool", "content": "BBB' in c.head
+    assert c.tail.endswith('{"role": "assistant", "content": "done"}\n') and c.tail.startswith("BBB")
+
+
 def test_read_capped_opens_only_regular_files(tmp_path):
     secret = tmp_path / "host-file"
     secret.write_text("host data")

@@ -47,6 +47,8 @@ def export(
 
       OTEL_EXPORTER_OTLP_HEADERS='authorization=Bearer ...' harness export last --otlp https://otel.example.com
 
+    $OTEL_EXPORTER_OTLP_TIMEOUT: milliseconds one request may take (default 10000).
+
     Exit codes: 0 sent, 2 usage error (bad URL or header, unknown run,
     the otel extra missing), 3 the collector did not take the spans
     (down, wrong port, refused).
@@ -56,6 +58,7 @@ def export(
 
     endpoint = otel.traces_url(otlp)
     headers = otel.parse_headers(otlp_header, endpoint)
+    otel.export_timeout()
     otel.require_otel()
     store = Store.open(db, mode="ro")
     row = store.get_run(run)

@@ -534,6 +534,45 @@ def parse_headers(items: list[str], url: str | None = None) -> dict[str, str]:
     return out
 
 
+DEFAULT_TIMEOUT_MS = 10_000
+_TIMEOUT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+
+
+def export_timeout() -> float:
+    """Seconds an export request may take: ``$OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` or
+    ``$OTEL_EXPORTER_OTLP_TIMEOUT`` in milliseconds, as the OpenTelemetry specification
+    defines them (default 10000). The Python SDK reads them as seconds (10000 would be
+    2.8 hours a request), so harness reads them itself and hands the SDK seconds. Anything
+    but a positive number of milliseconds is a usage error (exit 2) naming the variable."""
+    for var in _TIMEOUT_VARS:
+        raw = os.environ.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            ms = float(raw)
+        except ValueError:
+            ms = float("nan")
+        if not (0 < ms < float("inf")):
+            raise UsageError(f"${var}={_text(raw, 40)!r}: expected the export timeout in milliseconds "
+                             f"(a positive number, e.g. {DEFAULT_TIMEOUT_MS}, the default)")
+        return ms / 1000
+    return DEFAULT_TIMEOUT_MS / 1000
+
+
+def _hint(reason: str) -> str:
+    """What to check, for the reason an export failed (:meth:`_Reasons.reason`)."""
+    if reason.startswith("HTTP "):
+        return "the collector answered but refused them: see its logs (an authorization header? a path other than /v1/traces?)"
+    if reason == "TLS error":
+        return "is that an https:// URL of a plain-HTTP port (or a certificate this host does not trust)?"
+    if reason == "timed out":
+        return (f"it did not answer within the export timeout ({export_timeout():g} s; "
+                "$OTEL_EXPORTER_OTLP_TIMEOUT sets it, in milliseconds)")
+    if reason == "host name not resolved":
+        return "is the host name right?"
+    return "is it running and is that its OTLP/HTTP port (4318)?"
+
+
 def require_otel() -> None:
     """The ``otel`` extra is installed, or a usage error saying how to install it."""
     try:
@@ -566,7 +605,9 @@ class _Reasons(logging.Handler):
             return _text(f"HTTP {m.group(1)} {m.group(2).strip()}", 80)
         for needle, why in (("Connection refused", "connection refused"), ("timed out", "timed out"),
                             ("Name or service not known", "host name not resolved"), ("Failed to resolve", "host name not resolved"),
-                            ("No route to host", "no route to host"), ("SSL", "TLS error"), ("Connection reset", "connection reset")):
+                            ("No route to host", "no route to host"), ("SSL", "TLS error"), ("Connection reset", "connection reset"),
+                            # the SDK's own line when the deadline passed with no other reason logged
+                            ("due to timeout", "timed out")):
             if needle in text:
                 return why
         return "no answer"
@@ -643,8 +684,8 @@ def _exporter(endpoint: str, headers: dict[str, str]) -> Any:
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    # headers also from $OTEL_EXPORTER_OTLP_HEADERS, timeout from $OTEL_EXPORTER_OTLP_TIMEOUT (seconds), as the SDK reads them
-    return OTLPSpanExporter(endpoint=endpoint, headers=headers or None, compression=Compression.Gzip)
+    # headers also from $OTEL_EXPORTER_OTLP_HEADERS as the SDK reads them; the timeout in milliseconds, as the spec has it
+    return OTLPSpanExporter(endpoint=endpoint, headers=headers or None, compression=Compression.Gzip, timeout=export_timeout())
 
 
 def export_run(run: RunRecord, attempts: list[AttemptRecord], endpoint: str, headers: dict[str, str] | None = None) -> int:
@@ -692,9 +733,10 @@ def export_run(run: RunRecord, attempts: list[AttemptRecord], endpoint: str, hea
             emitter.emit(chunk)
         batches.flush()
         if batches.failed:
+            why = reasons.reason()
             before = f"; {batches.sent} spans were sent before" if batches.sent else ""
             raise InfraError(f"the OTLP collector at {shown_url(endpoint)} did not take the spans of run {run.id} "
-                             f"({reasons.reason()}){before}; is it running and is that its OTLP/HTTP port (4318)?")
+                             f"({why}){before}; {_hint(why)}")
     finally:
         exporter.shutdown()
         emitter.provider.shutdown()
@@ -757,7 +799,7 @@ class OtelSink(EventSink):
 
     def _failed(self, why: str) -> None:
         run = self._run.id if self._run else "RUN"
-        self.note(f"otlp: the collector at {shown_url(self.endpoint)} did not take spans ({why}); the run goes on and keeps "
+        self.note(f"otlp: the collector at {shown_url(self.endpoint)} did not take spans ({why}; {_hint(why)}); the run goes on and keeps "
                   f"everything in the store (send its spans later: harness export {run} --otlp URL)")
 
     def _emit(self, specs: list[SpanSpec]) -> None:

@@ -68,8 +68,9 @@ def _decode(b: bytes) -> str:
 def read_capped(path: Path, cap: int, head_share: float = 0.0, controls: bool = False) -> Capped | None:
     """At most ``cap`` bytes of the file at ``path`` (None when it is absent or not a
     regular file). A longer file keeps ``head_share`` of the cap from its start and the rest
-    from its end, both cut at a line boundary where there is one, so a JSON-lines file loses
-    whole lines. ``controls=False`` replaces control characters (escape sequences) as the
+    from its end, each cut at a line boundary where that keeps at least half of it, so a
+    JSON-lines file loses whole lines, and a line longer than that is cut inside rather than
+    dropped (the page shows its parts as lines that are not JSON). ``controls=False`` replaces control characters (escape sequences) as the
     terminal views do; a transcript keeps them (the page shows text, never markup)."""
     fd = _open_regular(path)
     if fd is None:
@@ -82,9 +83,11 @@ def read_capped(path: Path, cap: int, head_share: float = 0.0, controls: bool = 
             h = max(0, min(cap, int(cap * head_share)))
             head_b = os.pread(fd, h, 0) if h else b""
             tail_b = os.pread(fd, cap - h, size - (cap - h)) if cap - h else b""
-            if head_b and b"\n" in head_b:
+            # at a line boundary when that keeps at least half of the part: a line longer than
+            # that (a big tool result) is cut inside, never dropped whole
+            if head_b and b"\n" in head_b and head_b.rindex(b"\n") + 1 >= len(head_b) // 2:
                 head_b = head_b[: head_b.rindex(b"\n") + 1]
-            if tail_b and b"\n" in tail_b[:-1]:
+            if tail_b and b"\n" in tail_b[:-1] and tail_b.index(b"\n") + 1 <= len(tail_b) // 2:
                 tail_b = tail_b[tail_b.index(b"\n") + 1:]
     except OSError:
         return None
