@@ -49,7 +49,31 @@ def _attrs(kvs) -> dict:
     return {kv.key: _value(kv.value) for kv in kvs}
 
 
-class OtlpTestReceiver:
+class _HttpTestServer:
+    """A real ThreadingHTTPServer on 127.0.0.1, served from a thread for a ``with`` block."""
+
+    def _serve(self, handler) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _release(self) -> None:
+        """Lets handlers still running return (before the server is shut down)."""
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._release()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+class OtlpTestReceiver(_HttpTestServer):
     """A real HTTP server speaking the receiving side of OTLP/HTTP protobuf for traces:
     POST /v1/traces, gzip or plain, 200 with an empty ExportTraceServiceResponse. Decoded
     spans are kept as dicts (ids as hex)."""
@@ -97,19 +121,7 @@ class OtlpTestReceiver:
             def log_message(self, *a):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+        self._serve(Handler)
 
 
 def _dead_port() -> int:
@@ -320,7 +332,7 @@ def test_bad_headers_and_unknown_runs_are_usage_errors(otel_run):
         assert res.returncode == 2 and f"${var}" in res.stderr and "SECRETVALUE" not in res.stderr, res.stderr
 
 
-class _FailingCollector:
+class _FailingCollector(_HttpTestServer):
     """A real HTTP server on 127.0.0.1 that answers every POST with ``status``, or with
     ``status=None`` takes the request and never answers (a hung collector)."""
 
@@ -338,20 +350,10 @@ class _FailingCollector:
             def log_message(self, *a):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._serve(Handler)
 
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
+    def _release(self) -> None:
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
 
 
 def test_the_export_timeout_is_milliseconds_and_a_bad_one_is_a_usage_error(tmp_path, monkeypatch):

@@ -56,10 +56,7 @@ def export(
     from harness.engine import otel
     from harness.store.store import Store
 
-    endpoint = otel.traces_url(otlp)
-    headers = otel.parse_headers(otlp_header, endpoint)
-    otel.export_timeout()
-    otel.require_otel()
+    endpoint, headers = otel.otlp_options(otlp, otlp_header)
     store = Store.open(db, mode="ro")
     row = store.get_run(run)
     if row.status == "running":  # ids derive from the run: the export after it ends sends these spans again

@@ -124,12 +124,9 @@ def run(
     keep_to_reserved(reserve_cores)  # from the start: planning and image builds too
     otlp_url, otlp_headers = None, {}
     if otlp is not None:  # checked before anything is stored, too
-        from harness.engine.otel import export_timeout, parse_headers, require_otel, traces_url
+        from harness.engine.otel import otlp_options
 
-        otlp_url = traces_url(otlp)
-        otlp_headers = parse_headers(otlp_header, otlp_url)
-        export_timeout()  # a bad $OTEL_EXPORTER_OTLP_TIMEOUT is a usage error before anything is stored
-        require_otel()
+        otlp_url, otlp_headers = otlp_options(otlp, otlp_header)
     elif otlp_header:
         die("--otlp-header goes with --otlp ENDPOINT")
     if tasks is not None and not any(t.strip() for t in tasks.split(",")):

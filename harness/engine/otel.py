@@ -573,6 +573,17 @@ def _hint(reason: str) -> str:
     return "is it running and is that its OTLP/HTTP port (4318)?"
 
 
+def otlp_options(otlp: str, header_items: list[str]) -> tuple[str, dict[str, str]]:
+    """``--otlp`` and ``--otlp-header`` checked (with ``$OTEL_EXPORTER_OTLP_*`` and the extra
+    installed), before anything is stored: the traces URL and the headers; a usage error
+    (exit 2) otherwise."""
+    url = traces_url(otlp)
+    headers = parse_headers(header_items, url)
+    export_timeout()
+    require_otel()
+    return url, headers
+
+
 def require_otel() -> None:
     """The ``otel`` extra is installed, or a usage error saying how to install it."""
     try:

@@ -70,8 +70,9 @@ def read_capped(path: Path, cap: int, head_share: float = 0.0, controls: bool = 
     regular file). A longer file keeps ``head_share`` of the cap from its start and the rest
     from its end, each cut at a line boundary where that keeps at least half of it, so a
     JSON-lines file loses whole lines, and a line longer than that is cut inside rather than
-    dropped (the page shows its parts as lines that are not JSON). ``controls=False`` replaces control characters (escape sequences) as the
-    terminal views do; a transcript keeps them (the page shows text, never markup)."""
+    dropped (the page shows its parts as lines that are not JSON). ``controls=False``
+    replaces control characters (escape sequences) as the terminal views do; a transcript
+    keeps them (the page shows text, never markup)."""
     fd = _open_regular(path)
     if fd is None:
         return None
@@ -85,10 +86,12 @@ def read_capped(path: Path, cap: int, head_share: float = 0.0, controls: bool = 
             tail_b = os.pread(fd, cap - h, size - (cap - h)) if cap - h else b""
             # at a line boundary when that keeps at least half of the part: a line longer than
             # that (a big tool result) is cut inside, never dropped whole
-            if head_b and b"\n" in head_b and head_b.rindex(b"\n") + 1 >= len(head_b) // 2:
-                head_b = head_b[: head_b.rindex(b"\n") + 1]
-            if tail_b and b"\n" in tail_b[:-1] and tail_b.index(b"\n") + 1 <= len(tail_b) // 2:
-                tail_b = tail_b[tail_b.index(b"\n") + 1:]
+            end = head_b.rfind(b"\n") + 1
+            if end and end >= len(head_b) // 2:
+                head_b = head_b[:end]
+            start = tail_b.find(b"\n", 0, len(tail_b) - 1) + 1
+            if start and start <= len(tail_b) // 2:
+                tail_b = tail_b[start:]
     except OSError:
         return None
     finally:
