@@ -19,6 +19,7 @@ from harness.sandbox.base import SandboxSpec
 from harness.sandbox.docker_backend import DockerBackend
 from harness.sandbox.docker_sandbox import DockerSandbox
 from harness.sandbox.owners import LABEL
+from harness.model.errors import SandboxError
 
 pytestmark = pytest.mark.docker
 
@@ -239,3 +240,53 @@ def test_disk_read_limit_is_applied_read_back_and_counted(docker_client, trial_c
     assert m.counters.io_read_bytes >= 5 * 1024 * 1024, m.counters
     assert m.counters.wall_s >= 1.5, m.counters  # 6 MiB at 2 MiB/s (the first MiB may pass at once)
     assert m.host.disk_bytes >= m.counters.io_read_bytes * 0.9
+
+
+class SlowKeeperFake:
+    """A fake for a race we cannot cause on demand: the engine reports the container started
+    before its init has forked the keeper (`sleep infinity`). The first ``late`` reads of the
+    init's children come back empty; later ones read /proc for real."""
+
+    def __init__(self, late: int | None):
+        self.late, self.calls = late, 0
+        self.real = DockerSandbox._children
+
+    def __call__(self, pid: int) -> list[int]:
+        self.calls += 1
+        if self.late is None or self.calls <= self.late:
+            return []
+        return self.real(pid)
+
+
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode().strip()
+
+
+def test_a_keeper_forked_late_is_still_spared_by_kill_tree(docker_client, trial_cpu, monkeypatch):
+    fake = SlowKeeperFake(late=5)
+    monkeypatch.setattr(DockerSandbox, "_children", staticmethod(fake))
+    sb = DockerBackend(docker_client).sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu))
+    try:
+        sb.start()
+        assert fake.calls > 5
+        keeper = [p for p in sb._keep_pids if p != sb.pid]
+        assert len(keeper) == 1 and _cmdline(keeper[0]) == "sleep infinity", sb._keep_pids
+        # a workload that leaves an orphan: kill_tree takes the orphan, never the keeper
+        r = sb.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"], timeout=20)
+        assert r.exit_code == 0
+        assert sb.workload_alive()
+        assert sb.kill_tree() >= 1
+        assert not sb.workload_alive() and sb.alive()
+        assert sb.exec(["true"], timeout=20).exit_code == 0  # the container still runs its execs
+    finally:
+        sb.remove()
+
+
+def test_a_container_whose_init_forks_no_keeper_fails_to_start_and_is_removed(docker_client, trial_cpu, monkeypatch):
+    monkeypatch.setattr(DockerSandbox, "_children", staticmethod(SlowKeeperFake(late=None)))
+    monkeypatch.setattr("harness.sandbox.docker_sandbox.KEEPER_WAIT_S", 0.3)
+    sb = DockerBackend(docker_client).sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu))
+    with pytest.raises(SandboxError, match="no keeper process within 0.3 s"):
+        sb.start()
+    assert not leftovers(docker_client)

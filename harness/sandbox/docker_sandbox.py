@@ -51,6 +51,7 @@ from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LiveRegistry,
 LIVE = LiveRegistry()  # the sandboxes this process holds
 PENDING = LiveRegistry()  # containers whose removal failed; retried by retry_removals()
 ROOT = "0:0"
+KEEPER_WAIT_S = 10.0  # how long a started container's init may take to fork its keeper
 NO_DNS = "198.51.100.53"  # TEST-NET-2: an upstream resolver nobody has; internal networks only
 
 
@@ -362,10 +363,28 @@ class DockerSandbox(Sandbox):
         dev = data_device(self.client) if p.io_read_bps is not None or p.io_write_bps is not None else None
         self.envelope = check_envelope(p, self.cpuset, applied, dev[1] if dev else None)
         # the init and its sleeping child survive kill_tree(); everything else is the workload
-        self._keep_pids = {self.pid, *self._children(self.pid)} if not self.service else set()
+        self._keep_pids = {self.pid, self._keeper()} if not self.service else set()
         if self.spec.writable_root:
             for at, files in self.spec.trees.items():
                 self.put_tree(at, files)
+
+    def _keeper(self) -> int:
+        """The pid of the init's one child, ``sleep infinity``, once the init has forked it.
+        The engine reports the container started once its init runs, which may be before that
+        fork: a keeper missing from ``_keep_pids`` would be taken for the workload and killed by
+        kill_tree(), and the container would die with it (the likely cause of a CI run whose
+        container was gone right after its agent's kill_tree; not reproduced on demand here)."""
+        deadline = time.monotonic() + KEEPER_WAIT_S
+        while True:
+            kids = self._children(self.pid)
+            if kids:
+                return kids[0]
+            if not _is_running(self.pid) or time.monotonic() > deadline:
+                alive = "still runs" if _is_running(self.pid) else "is gone"
+                self.remove()
+                raise SandboxError(f"container {self.name}: its init started no keeper process within {KEEPER_WAIT_S:g} s "
+                                   f"(the init {alive})")
+            time.sleep(0.002)
 
     @property
     def notes(self) -> list[str]:
