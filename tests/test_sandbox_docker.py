@@ -290,3 +290,23 @@ def test_a_container_whose_init_forks_no_keeper_fails_to_start_and_is_removed(do
     with pytest.raises(SandboxError, match="no keeper process within 0.3 s"):
         sb.start()
     assert not leftovers(docker_client)
+
+
+def test_a_killed_keeper_takes_its_container_down_and_the_end_is_told(docker_client, trial_cpu):
+    """Why kill_tree must spare the keeper: without its one child the init exits, and the
+    container with it. The engine's account of that end is what a failed grade records."""
+    sb = DockerBackend(docker_client).sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu))
+    try:
+        sb.start()
+        assert sb.alive() and sb.how_it_ended().startswith("status running")
+        keeper = next(p for p in sb._keep_pids if p != sb.pid)
+        os.kill(keeper, 9)
+        deadline = time.monotonic() + 30
+        while sb.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not sb.alive()
+        ended = sb.how_it_ended()
+        assert ended.startswith("status exited") and "OOM-killed False" in ended, ended
+    finally:
+        sb.remove()
+    assert sb.how_it_ended() == "removed by the harness"

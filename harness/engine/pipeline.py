@@ -543,7 +543,7 @@ class _Attempt:
                                     "its final state could not be graded")
             return None
         if applied is None or applied.memory_max is None or abs(applied.memory_max - limit) > PAGE or applied.cpu_quota_us != quota:
-            gone = "" if target.alive() else "; the container is gone"
+            gone = "" if target.alive() else f"; the container is gone ({target.how_it_ended() or 'no word from its engine'})"
             ctx.grade = GradeResult(status="broken", reason=f"grade envelope not applied{gone} (asked memory {format_size(limit)}, "
                                     f"quota {quota} us; kernel {applied.memory_max if applied else None}, "
                                     f"{applied.cpu_quota_us if applied else None})")

@@ -131,6 +131,10 @@ class Sandbox(ABC):
     def alive(self) -> bool:
         """Is the sandbox still there (not removed or killed from outside)?"""
 
+    def how_it_ended(self) -> str:
+        """For a sandbox that is no longer alive: what its engine says of its end ("" when unknown)."""
+        return ""
+
     @abstractmethod
     def set_envelope(self, memory: int, cpu_quota_us: int) -> CgroupLimits | None:
         """Change the memory ceiling and CPU quota (for grading); the limits read back."""

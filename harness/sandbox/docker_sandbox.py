@@ -457,6 +457,21 @@ class DockerSandbox(Sandbox):
         except Exception:  # NotFound, engine down, connection reset
             return False
 
+    def how_it_ended(self) -> str:
+        if self.container is None or self._removed:
+            return "removed by the harness" if self._removed else ""
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return "removed (the engine no longer has it)"
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            return f"the engine did not answer: {str(e)[:120]}"
+        st = self.container.attrs.get("State") or {}
+        parts = [f"status {st.get('Status')}", f"exit code {st.get('ExitCode')}", f"OOM-killed {bool(st.get('OOMKilled'))}"]
+        if st.get("Error"):
+            parts.append(f"engine error {str(st['Error'])[:120]!r}")
+        return ", ".join(parts)
+
     def set_envelope(self, memory: int, cpu_quota_us: int) -> CgroupLimits | None:
         try:
             self.container.update(mem_limit=memory, memswap_limit=memory, cpu_quota=cpu_quota_us)
