@@ -310,3 +310,15 @@ def test_a_killed_keeper_takes_its_container_down_and_the_end_is_told(docker_cli
     finally:
         sb.remove()
     assert sb.how_it_ended() == "removed by the harness"
+
+
+def test_a_service_that_exits_is_told_with_the_engines_account(docker_client, trial_cpu):
+    spec = SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu, command=["sh", "-c", "echo bye; sleep 1; exit 3"])
+    sb = DockerBackend(docker_client).sandbox(spec)
+    try:
+        sb.start()
+        why = sb.healthy(["false"], timeout=30)  # never healthy: it is polled until it exits
+        assert why is not None and why.startswith("exited before it was healthy (status exited, exit code 3, OOM-killed False)"), why
+        assert why.endswith("bye"), why
+    finally:
+        sb.remove()

@@ -379,8 +379,9 @@ class DockerSandbox(Sandbox):
             kids = self._children(self.pid)
             if kids:
                 return kids[0]
-            if not _is_running(self.pid) or time.monotonic() > deadline:
-                alive = "still runs" if _is_running(self.pid) else "is gone"
+            running = _is_running(self.pid)
+            if not running or time.monotonic() > deadline:
+                alive = "still runs" if running else "is gone"
                 self.remove()
                 raise SandboxError(f"container {self.name}: its init started no keeper process within {KEEPER_WAIT_S:g} s "
                                    f"(the init {alive})")
@@ -590,13 +591,7 @@ class DockerSandbox(Sandbox):
             if stop is not None and stop.is_set():
                 return "the controller was stopped while the service started"
             if not self.alive():
-                code = None
-                try:
-                    self.container.reload()
-                    code = self.container.attrs.get("State", {}).get("ExitCode")
-                except Exception:
-                    pass
-                return f"exited{f' (code {code})' if code is not None else ''} before it was healthy: {self.logs_tail() or 'no output'}"
+                return f"exited before it was healthy ({self.how_it_ended() or 'no word from its engine'}): {self.logs_tail() or 'no output'}"
             if cmd is None:
                 return None
             left = deadline - time.monotonic()
