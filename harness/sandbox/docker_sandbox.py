@@ -52,6 +52,7 @@ LIVE = LiveRegistry()  # the sandboxes this process holds
 PENDING = LiveRegistry()  # containers whose removal failed; retried by retry_removals()
 ROOT = "0:0"
 KEEPER_WAIT_S = 10.0  # how long a started container's init may take to fork its keeper
+ENGINE_CATCHUP_S = 10.0  # how long the engine may take to record the exit of an init the kernel saw end
 NO_DNS = "198.51.100.53"  # TEST-NET-2: an upstream resolver nobody has; internal networks only
 
 
@@ -461,16 +462,26 @@ class DockerSandbox(Sandbox):
     def how_it_ended(self) -> str:
         if self.container is None or self._removed:
             return "removed by the harness" if self._removed else ""
-        try:
-            self.container.reload()
-        except docker.errors.NotFound:
-            return "removed (the engine no longer has it)"
-        except (docker.errors.DockerException, requests.RequestException) as e:
-            return f"the engine did not answer: {str(e)[:120]}"
-        st = self.container.attrs.get("State") or {}
+        deadline = time.monotonic() + ENGINE_CATCHUP_S
+        while True:
+            try:
+                self.container.reload()
+            except docker.errors.NotFound:
+                return "removed (the engine no longer has it)"
+            except (docker.errors.DockerException, requests.RequestException) as e:
+                return f"the engine did not answer: {str(e)[:120]}"
+            st = self.container.attrs.get("State") or {}
+            # The kernel knows first: an init that is gone while the engine still says running
+            # means the engine has not handled the exit yet (slow hosts take a while); wait for it.
+            lagging = st.get("Status") == "running" and self.pid is not None and not _is_running(self.pid)
+            if not lagging or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         parts = [f"status {st.get('Status')}", f"exit code {st.get('ExitCode')}", f"OOM-killed {bool(st.get('OOMKilled'))}"]
         if st.get("Error"):
             parts.append(f"engine error {str(st['Error'])[:120]!r}")
+        if lagging:
+            parts.append(f"but its init has exited and the engine had not recorded the end within {ENGINE_CATCHUP_S:g} s")
         return ", ".join(parts)
 
     def set_envelope(self, memory: int, cpu_quota_us: int) -> CgroupLimits | None:
