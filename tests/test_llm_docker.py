@@ -164,3 +164,64 @@ def test_a_slow_upstream_is_waiting_time_not_cpu(tmp_path, docker_client):
     cpu_s = (a.cpu_usage_us or 0) / 1e6
     assert a.upstream["wait_s"] > 5 * cpu_s, (a.upstream["wait_s"], cpu_s)
     assert a.agent_wall_s >= a.upstream["wait_s"]
+
+
+AGENT_THAT_KNOWS = r"""
+import json, os, sqlite3, sys
+v = os.environ["PART_A"] + os.environ["PART_B"]  # learnt at run time (its image, an upstream that echoes it)
+print("stdout", v); print("stderr", v, file=sys.stderr)
+with open(os.environ["HARNESS_TRANSCRIPT"], "w") as f:
+    f.write(json.dumps({"role": "assistant", "content": "the key is " + v}) + "\n")
+c = sqlite3.connect(os.environ["HARNESS_STATE"], isolation_level=None)
+c.execute("INSERT INTO t (note) VALUES (?)", (v,))
+c.execute(f'CREATE TABLE "k{v}" (x)')
+c.close()
+"""
+
+
+def test_a_key_the_agent_learnt_is_masked_in_everything_kept(tmp_path, docker_client):
+    """The gateway keeps the key from the sandbox; an agent that has it anyway (from its image,
+    or an upstream that echoes it) writes it into its output, transcript and final state. The
+    grade reason, checks and diff quote that state: every string of the record has the value
+    replaced by the secret's name, and every kept file (the state copy too) has it overwritten."""
+    import sqlite3
+
+    root = tmp_path / "knows"
+    (root / "tasks").mkdir(parents=True)
+    (root / "schema.sql").write_text("CREATE TABLE t (id INTEGER PRIMARY KEY, note TEXT);\n")
+    (root / "Dockerfile").write_text("ARG BASE=harness/sandbox:latest\nFROM ${BASE}\n")
+    half = 6  # no part looks like a key (that is refused before the run)
+    (root / "suite.toml").write_text(
+        'name = "knows"\nimage = "harness/sandbox:latest"\n'
+        f"agent_cmd = [\"python3\", \"-c\", {json.dumps(AGENT_THAT_KNOWS)}]\n"
+        'trials = 1\nk = [1]\nmax_reruns = 3\nstate_sql = ["schema.sql"]\n'
+        f'[agent_env]\nPART_A = "{KEY[:half]}"\nPART_B = "{KEY[half:]}"\n')
+    (root / "tasks" / "knows.toml").write_text('id = "knows"\ntitle = "knows the key"\nprompt = "nothing"\nunchanged = ["t"]\n')
+    with TestUpstream(key=KEY) as up:
+        res = run_cli(tmp_path, "run", "--suite", str(root), "--secret", "OPENAI_API_KEY", "--json",
+                      "--upstream", f"openai=http://host.docker.internal:{up.port}/v1", env={"OPENAI_API_KEY": KEY}, timeout=600)
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    run_id = json.loads(res.stdout)["run_id"]
+    atts = _store(tmp_path).attempts(run_id)
+    clean = [a for a in atts if a.verdict == "clean"]
+    assert len(clean) == 1 and clean[0].outcome == "fail" and clean[0].failure_kind == "wrong_state", atts
+    a = clean[0]
+    assert "[secret OPENAI_API_KEY]" in json.dumps([a.grade_reason, a.grade_checks, a.state_diff]), (a.grade_reason, a.state_diff)
+    assert "secret values masked in the kept files" in (a.error or "") and "OPENAI_API_KEY" in a.error
+    art = Path(a.artifacts)
+    assert "[secret OPENAI_API_KEY]" in (art / "stdout.txt").read_text() and "[secret OPENAI_API_KEY]" in (art / "transcript.jsonl").read_text()
+    states = [p for p in art.rglob("*") if p.is_file() and p.read_bytes()[:16] == b"SQLite format 3\x00"]
+    assert states, sorted(p.name for p in art.rglob("*"))
+    for p in states:  # the copy of the final state still opens, the value overwritten in place
+        c = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+        notes = [r[0] for r in c.execute("SELECT note FROM t")]
+        c.close()
+        assert notes == ["*" * len(KEY)], notes
+    found = [str(p) for p in (tmp_path / "home").rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert not found, found
+    for args in (["report", run_id, "--format", "json"], ["report", run_id, "--format", "junit"], ["show", str(a.id)], ["show", str(a.id), "--json"],
+                 ["report", run_id, "--format", "html", "--out", str(tmp_path / "r.html")]):
+        out = run_cli(tmp_path, *args)
+        assert out.returncode in (0, 1), (args, out.stderr[-2000:])
+        assert KEY not in out.stdout + out.stderr, args
+    assert KEY not in (tmp_path / "r.html").read_text()

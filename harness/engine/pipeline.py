@@ -654,10 +654,6 @@ class _Attempt:
         t = time.monotonic()
         exp = sb.export(files, timeout=self.job.profile.timeouts.grade, dest=dest)
         self._phase("export", t)
-        if self.job.redact:  # the transcript is shown in the HTML report: redacted like stdout and stderr
-            for f in dest.rglob(TRANSCRIPT_FILE):
-                if f.is_file() and not f.is_symlink():
-                    f.write_bytes(self._redacted(f.read_bytes().decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
         if exp.problems:
             self.d.note("; ".join(exp.problems))
 
@@ -737,12 +733,59 @@ class _Attempt:
                 if res.timed_out and up is not None and up.wait_s > 0 and res.wall_s > 0:
                     f["grade_reason"] = (f"{f['grade_reason'] or 'timed out'}; {up.wait_s:.1f} s of the agent's {res.wall_s:.1f} s "
                                          f"({100 * up.wait_s / res.wall_s:.0f}%) was waiting on the model")
+            if job.redact:  # an agent that learnt a key (its image, an upstream that echoes it) writes it into what is kept
+                self._mask_artifacts()
+                f = self._scrubbed(f)
             return AttemptRecord(**f)
         except Exception as e:  # never lose the attempt because the record could not be made
             keep = {k: f[k] for k in ("run_id", "task_id", "slot", "attempt_no", "seed", "cpuset", "container", "image",
                                       "started_at", "finished_at", "artifacts", "wall_s", "node", "phases") if k in f}
-            return AttemptRecord(**keep, verdict="discarded", reasons=["infra_error"],
-                                 error=f"{f.get('error') or ''}; the record could not be made: {type(e).__name__}: {str(e)[:300]}")
+            return AttemptRecord(**self._scrubbed(keep), verdict="discarded", reasons=["infra_error"],
+                                 error=self._redacted(f"{f.get('error') or ''}; the record could not be made: {type(e).__name__}: {str(e)[:300]}"))
+
+    def _scrubbed(self, v: Any) -> Any:
+        """``v`` with every secret value in its strings (keys too, at any depth) replaced by its name."""
+        if isinstance(v, str):
+            return self._redacted(v)
+        if isinstance(v, dict):
+            return {self._scrubbed(k): self._scrubbed(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(self._scrubbed(x) for x in v)
+        return v
+
+    def _mask_artifacts(self) -> None:
+        """Every kept file of the attempt with a secret value in it has the value replaced:
+        by the secret's name in a text file (the transcript, output, verifier output), by as
+        many ``*`` in any other (a copy of the final state, a SQLite file or a tar of a tree,
+        keeps its layout and still opens). Said in the record's notes, by the secret's name."""
+        root = self.job.artifacts
+        values = [(v.encode("utf-8"), name) for v, name in self.job.redact.items()]
+        masked: list[str] = []
+        try:
+            files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+        except OSError:
+            return
+        for p in files:
+            try:
+                data = p.read_bytes()
+                hit = [name for v, name in values if v in data]
+                if not hit:
+                    continue
+                if p.suffix in TEXT_SUFFIXES:
+                    data = self._redacted(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+                else:
+                    for v, _name in values:
+                        data = data.replace(v, b"*" * len(v))
+                p.write_bytes(data)
+                masked.append(f"{p.relative_to(root)} ({', '.join(dict.fromkeys(hit))})")
+            except OSError as e:
+                p.unlink(missing_ok=True)  # a secret is never kept: a file that cannot be masked goes
+                masked.append(f"{p.relative_to(root)} (could not be masked: {e.strerror or e}; removed)")
+        if masked:
+            self.d.note(f"secret values masked in the kept files: {'; '.join(masked)}")
+
+
+TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".log", ".md")  # kept files a secret is replaced in by its name
 
 
 def _write(path: Path, data: bytes, d: _Draft) -> None:
