@@ -36,6 +36,7 @@ HOST_A = HostSnapshot(
     cpu_busy_us={0: 627_000_000, 1: 514_000_000, 2: 131_200_000, 3: 102_000_000},
     cpu_total_us={0: 4_636_000_000, 1: 4_619_000_000, 2: 4_632_200_000, 3: 4_622_700_000},
     steal_us=4_000_000,
+    cpu_steal_us={0: 1_000_000, 1: 2_000_000, 2: 500_000, 3: 500_000},
     psi_cpu=PSI(some_us=120_000_000, full_us=0),
     psi_memory=PSI(some_us=5_000_000, full_us=2_000_000),
     psi_io=PSI(some_us=8_000_000, full_us=7_000_000),
@@ -46,6 +47,7 @@ HOST_A_END = HostSnapshot(
     cpu_busy_us={0: 630_100_000, 1: 516_500_000, 2: 133_000_000, 3: 103_200_000},
     cpu_total_us={0: 4_641_000_000, 1: 4_623_950_000, 2: 4_637_200_000, 3: 4_627_730_000},
     steal_us=4_400_000,
+    cpu_steal_us={0: 1_100_000, 1: 2_150_000, 2: 600_000, 3: 550_000},
     psi_cpu=PSI(some_us=120_300_000, full_us=0),
     psi_memory=PSI(some_us=5_050_000, full_us=2_010_000),
     psi_io=PSI(some_us=8_000_000, full_us=7_000_000),
@@ -55,19 +57,19 @@ HOST_A_END = HostSnapshot(
 
 def test_parse_proc_stat_fixture():
     got = parse_proc_stat((PROC / "host_a" / "stat").read_text(), clk_tck=100)
-    assert got == CpuTimes(HOST_A.cpu_busy_us, HOST_A.cpu_total_us, 4_000_000)
+    assert got == CpuTimes(HOST_A.cpu_busy_us, HOST_A.cpu_total_us, 4_000_000, HOST_A.cpu_steal_us)
 
 
 def test_parse_proc_stat_guest_not_double_counted_and_other_hz():
     # user 100 includes guest 40; idle 300, iowait 20, irq 5, softirq 5, steal 30.
     text = "cpu  100 0 50 300 20 5 5 30 40 0\ncpu0 100 0 50 300 20 5 5 30 40 0\nintr 1 2 3\n"
-    assert parse_proc_stat(text, clk_tck=250) == CpuTimes({0: 640_000}, {0: 2_040_000}, 120_000)
+    assert parse_proc_stat(text, clk_tck=250) == CpuTimes({0: 640_000}, {0: 2_040_000}, 120_000, {0: 120_000})
 
 
 def test_parse_proc_stat_short_lines_and_offline_cpu():
     # Old kernels print 7 columns (no steal/guest); offline cpu1 has no line at all.
     text = "cpu  10 0 10 80 0 0 0\ncpu0 10 0 10 80 0 0 0\ncpu2 1 1 1 1 1 1 1\n"
-    assert parse_proc_stat(text, clk_tck=100) == CpuTimes({0: 200_000, 2: 50_000}, {0: 1_000_000, 2: 70_000}, 0)
+    assert parse_proc_stat(text, clk_tck=100) == CpuTimes({0: 200_000, 2: 50_000}, {0: 1_000_000, 2: 70_000}, 0, {0: 0, 2: 0})
 
 
 def test_parse_proc_stat_without_cpu_lines():
@@ -102,7 +104,7 @@ def test_read_host_snapshot_cpu_psi_without_full():
     assert s.psi_memory == PSI(some_us=55, full_us=44)
     assert s.psi_io == PSI(some_us=66, full_us=33)
     assert s.cpu_busy_us == {0: 15_200_000, 1: 27_380_000}
-    assert s.steal_us == 70_000
+    assert s.steal_us == 70_000 and s.cpu_steal_us == {0: 0, 1: 70_000}
     assert s.mem_available == 3_000_000 * 1024
 
 
@@ -133,7 +135,12 @@ def test_host_delta_foreign_cpu_share():
     assert d.pinned_busy_us == 3_000_000
     assert d.foreign_cpu_us == 500_000
     assert d.foreign_cpu_share == pytest.approx(0.05)  # 0.5 s / (5 s * 2 cpus)
-    assert d.steal_share == pytest.approx(0.02)  # 0.4 s / (5 s * 4 cpus)
+    # steal on the pinned cpus 2, 3: (10 + 5) ticks = 0.15 s / (5 s * 2 cpus); the other cpus'
+    # (the controller's, busy serving an agent's output) are not the trial's
+    assert d.steal_share == pytest.approx(0.015)
+    old = HostDelta.between(HOST_A.model_copy(update={"cpu_steal_us": {}}), HOST_A_END, pinned=[2, 3], cgroup_cpu_us=0)
+    assert old.steal_share == pytest.approx(0.02)  # a snapshot without per-CPU steal: 0.4 s / (5 s * 4 cpus)
+    assert HostDelta.between(HOST_A, HOST_A_END, pinned=[], cgroup_cpu_us=0).steal_share == pytest.approx(0.02)
     assert d.psi_cpu_some_share == pytest.approx(0.06)  # 0.3 s / 5 s
     assert d.psi_memory_some_share == pytest.approx(0.01)
     assert d.psi_io_some_share == 0.0

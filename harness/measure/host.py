@@ -39,11 +39,12 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 class CpuTimes(NamedTuple):
-    """Per-CPU busy and total time, and steal summed over CPUs, all in microseconds."""
+    """Per-CPU busy and total time, steal summed over CPUs and per CPU, all in microseconds."""
 
     busy_us: dict[int, int]
     total_us: dict[int, int]
     steal_us: int
+    steal_by_cpu: dict[int, int]
 
 
 def _read(path: str) -> str | None:
@@ -74,7 +75,7 @@ def parse_proc_stat(text: str, clk_tck: int = _CLK_TCK) -> CpuTimes:
     """
     busy: dict[int, int] = {}
     total: dict[int, int] = {}
-    steal = 0
+    steal: dict[int, int] = {}
     for line in text.splitlines():
         if not line.startswith("cpu") or line.startswith("cpu "):
             continue
@@ -87,10 +88,10 @@ def parse_proc_stat(text: str, clk_tck: int = _CLK_TCK) -> CpuTimes:
         user, nice, system, idle, iowait, irq, softirq, st = v
         busy[cpu] = _busy_us(v, clk_tck)
         total[cpu] = (user + nice + system + idle + iowait + irq + softirq + st) * 1_000_000 // clk_tck
-        steal += st
+        steal[cpu] = st * 1_000_000 // clk_tck
     if not busy:
         raise ValueError("no per-CPU 'cpuN' lines in /proc/stat text")
-    return CpuTimes(busy, total, steal * 1_000_000 // clk_tck)
+    return CpuTimes(busy, total, sum(steal.values()), steal)
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
@@ -193,6 +194,7 @@ def read_host_snapshot(t: float, proc_root: str | os.PathLike = "/proc", clk_tck
         cpu_busy_us=cpu.busy_us,
         cpu_total_us=cpu.total_us,
         steal_us=cpu.steal_us,
+        cpu_steal_us=cpu.steal_by_cpu,
         psi_cpu=_psi(proc_root, "cpu"),
         psi_memory=_psi(proc_root, "memory"),
         psi_io=_psi(proc_root, "io"),

@@ -72,6 +72,7 @@ class HostSnapshot(_M):
     cpu_busy_us: dict[int, int] = Field(..., description="Per-CPU busy time (all states but idle/iowait; steal excluded).")
     cpu_total_us: dict[int, int] = Field(..., description="Per-CPU total time (all states).")
     steal_us: int = Field(0, ge=0, description="Steal time summed over all CPUs.")
+    cpu_steal_us: dict[int, int] = Field(default_factory=dict, description="Per-CPU steal time (the pinned CPUs' is what the steal rule judges).")
     psi_cpu: PSI | None = Field(None, description="/proc/pressure/cpu.")
     psi_memory: PSI | None = Field(None, description="/proc/pressure/memory.")
     psi_io: PSI | None = Field(None, description="/proc/pressure/io.")
@@ -151,7 +152,7 @@ class HostDelta(_M):
     pinned_busy_us: int = Field(0, ge=0, description="Busy time on the pinned CPUs, all processes.")
     foreign_cpu_us: int = Field(0, ge=0, description="Busy time on the pinned CPUs not charged to the trial's cgroup.")
     foreign_cpu_share: float = Field(0.0, ge=0, description="foreign_cpu_us / (wall x pinned CPUs).")
-    steal_share: float = Field(0.0, ge=0, description="Steal over all CPUs / (wall x CPUs).")
+    steal_share: float = Field(0.0, ge=0, description="Steal on the pinned CPUs / (wall x pinned CPUs); over all CPUs when unpinned or read without per-CPU steal.")
     psi_cpu_some_share: float | None = Field(None, description="Host cpu PSI some: stalled share of wall time.")
     psi_memory_some_share: float | None = Field(None, description="Host memory PSI some share.")
     psi_io_some_share: float | None = Field(None, description="Host io PSI some share.")
@@ -174,6 +175,14 @@ class HostDelta(_M):
         foreign = max(0, busy - cgroup_cpu_us)
         ncpu = max(1, len(b.cpu_total_us))
 
+        # steal on the trial's own cores: steal elsewhere grows with how busy those cores are (the
+        # controller's, serving a flood of output), which an agent would choose; all CPUs' sum
+        # only when a snapshot has no per-CPU steal (an older record)
+        if pinned and all(c in a.cpu_steal_us and c in b.cpu_steal_us for c in pinned):
+            steal, steal_cpus = sum(max(0, b.cpu_steal_us[c] - a.cpu_steal_us[c]) for c in pinned), len(pinned)
+        else:
+            steal, steal_cpus = max(0, b.steal_us - a.steal_us), ncpu
+
         def share(x: PSI | None, y: PSI | None) -> float | None:
             if x is None or y is None:
                 return None
@@ -186,7 +195,7 @@ class HostDelta(_M):
             pinned_busy_us=busy,
             foreign_cpu_us=foreign,
             foreign_cpu_share=foreign / (wall * 1e6 * max(1, len(pinned))) if pinned else 0.0,
-            steal_share=max(0, b.steal_us - a.steal_us) / (wall * 1e6 * ncpu),
+            steal_share=steal / (wall * 1e6 * steal_cpus),
             psi_cpu_some_share=share(a.psi_cpu, b.psi_cpu),
             psi_memory_some_share=share(a.psi_memory, b.psi_memory),
             psi_io_some_share=share(a.psi_io, b.psi_io),

@@ -69,7 +69,7 @@ class SLA(_Strict):
     )
     steal_share: float | None = Field(
         0.05, ge=0, le=1,
-        description="host rule `host_steal`: CPU steal (hypervisor) over the attempt, share of wall x all cores.",
+        description="host rule `host_steal`: CPU steal (hypervisor) on the trial's pinned cores over the attempt, share of wall x those cores.",
     )
     host_memory_pressure: float | None = Field(
         0.10, ge=0, le=1,
