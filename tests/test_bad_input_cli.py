@@ -204,6 +204,13 @@ def test_an_agent_command_missing_from_the_image_is_refused_before_the_run(tmp_p
                        "--agent-cmd")
 
 
+def test_sandbox_exec_of_an_image_not_here_is_a_usage_error(tmp_path, docker_client):
+    """No registry is asked (this machine has none): the image is looked up on the engine."""
+    r = harness(tmp_path, "sandbox", "exec", "--image", "nosuch/img:1", "--", "true")
+    assert_usage_error(r, tmp_path, "--image nosuch/img:1: image nosuch/img:1 not found on this engine", "build or load it")
+    assert "registry" not in r.stderr.replace("no registry is used", "")
+
+
 @pytest.mark.parametrize("args,needles", [
     (["run", "--trials", "x"], ["error:", "'--trials'", "harness run --help`"]),
     (["run", "--no-such-option"], ["No such option: --no-such-option", "harness run --help`"]),

@@ -621,3 +621,21 @@ def test_drift_p_value_floor_and_large_suites():
     rng = random.Random(9)
     many = [TaskOutcomes(task_id=f"t{i}", trials=[rng.random() < 0.5 for _ in range(rng.randint(2, 60))]) for i in range(3000)]
     assert 0.0 < drift_test(many).p_value <= 1.0
+
+
+@pytest.mark.parametrize("call", [
+    lambda ts: est.suite_metrics(ts, ks=[1]),
+    lambda ts: est.buckets(ts),
+    lambda ts: est.suite_intervals(ts, [("pass@1", 1, "tasks")]),
+    lambda ts: est.clustered_se_pass1(ts),
+    lambda ts: est.drift_test(ts, seed=0),
+    lambda ts: est.overdispersion_test(ts),
+    lambda ts: est.cluster_bootstrap(ts, "pass@1", 1, n_boot=10, seed=0),
+], ids=["suite_metrics", "buckets", "suite_intervals", "clustered_se_pass1", "drift_test", "overdispersion_test", "cluster_bootstrap"])
+def test_every_estimator_names_a_duplicate_task_or_a_wrong_entry(call):
+    good = [counts(f"t{i}", 4, i % 5) for i in range(5)]
+    call(good)  # accepted as given
+    with pytest.raises(ValueError, match="task t3 appears twice"):
+        call([*good, counts("t3", 2, 1)])
+    with pytest.raises(ValueError, match="expected TaskOutcomes, got dict"):
+        call([*good[:2], {"task_id": "x", "trials": [True]}, *good[2:]])

@@ -201,7 +201,7 @@ def test_gate_baseline_regression_on_deterministic_tasks(db):
     r = gate(url, "lost", "--baseline", "base")
     assert r.exit_code == 1, r.output
     assert "FAIL baseline base" in r.stdout and "2 task(s) that passed every trial in baseline base are not in this run" in r.stdout
-    assert "not in this run's suite: t2, t4" in r.stdout
+    assert "not in this run: t2, t4" in r.stdout
     # the same tasks still deterministic: passes, and combines with --require
     add_run(store, "cand2", {"t1": "✓✓✓✓✓", "t2": "✓✓✓✓✓", "t3": "✗✗✗✗✗", "t4": "✓✓✓✓✓"}, minutes=3)
     r = gate(url, "cand2", "--baseline", "base", "--require", "pass@1>=0.7")

@@ -322,7 +322,7 @@ def test_trials_filters_and_sort(runs):
         return [a.id for a in stored if pred(a)]
 
     assert [i for i, *_ in ids(runs.clean, "--task", "append")] == want(lambda a: a.task_id == "append") != []
-    assert [i for i, *_ in ids(runs.clean, "--outcome", "fail")] == want(lambda a: a.outcome == "fail")
+    assert [i for i, *_ in ids(runs.clean, "--outcome", "fail")] == want(lambda a: a.verdict == "clean" and a.outcome == "fail")
     assert [i for i, *_ in ids(runs.clean, "--verdict", "clean")] == want(lambda a: a.verdict == "clean")
     assert [i for i, *_ in ids(runs.clean, "--verdict", "discarded", "--task", "extra-effect")] == want(
         lambda a: a.verdict == "discarded" and a.task_id == "extra-effect")
@@ -474,3 +474,50 @@ def test_runs_on_a_fresh_machine_is_an_answer_not_an_error(tmp_path):
     assert res.returncode == 0 and "no runs yet" in res.stdout, res.stderr
     res = run_cli(tmp_path, "runs", "--json")
     assert res.returncode == 0 and res.stdout.strip() == "[]"
+
+
+def test_an_outcome_filter_lists_clean_attempts_only(tmp_path):
+    """A discarded attempt may have been graded before it was thrown away; `--outcome` is
+    about what is scored, so it never lists one."""
+    from harness.store.store import Store
+    from tests.test_report import add_attempt, add_run
+
+    url = f"sqlite:///{tmp_path}/h.db"
+    store = Store.open(url)
+    add_run(store, "r-oc", {"a": "✓✗", "b": "✗✓"}, ks=(1,))
+    graded = [add_attempt(store, "r-oc", "a", 0, 9 + i, verdict="discarded", reasons=["host_cpu_contention"], outcome=o,
+                          failure_kind=None if o == "pass" else "wrong_state") for i, o in enumerate(("pass", "fail"))]
+    for oc in ("pass", "fail"):
+        r = invoke("trials", "r-oc", "--outcome", oc, "--json", "--db", url)
+        assert r.exit_code == 0, r.output
+        rows = json.loads(r.stdout)
+        assert len(rows) == 2 and all(x["verdict"] == "clean" and x["outcome"] == oc for x in rows), rows
+        assert not {x["id"] for x in rows} & set(graded)
+    r = invoke("trials", "r-oc", "--verdict", "discarded", "--json", "--db", url)
+    assert sorted(x["id"] for x in json.loads(r.stdout)) == sorted(graded)  # still listed as evidence
+
+
+def test_a_value_with_newlines_cannot_forge_a_line_of_show(tmp_path):
+    """The grade reason, checks and state diff quote the agent's state; a newline in a value
+    is shown as \\n, so no line of `show` starts with what the agent wrote."""
+    from harness.model.attempt import AttemptRecord
+    from harness.model.run import RunRecord
+    from harness.store.store import Store
+
+    db = f"sqlite:///{tmp_path}/h.db"
+    store = Store.open(db)
+    store.add_run(RunRecord(id="r-nl", suite="probe", suite_hash="h", image="img", profile="standard", harness_version="0",
+                            trials=1, max_reruns=0, task_ids=["t"], status="complete"))
+    forged = "done')\n\nclean: pass — FORGED all checks passed\n ✓ FORGED [expect]"
+    table = "t\nclean: pass FORGED\n"
+    aid = store.add_attempt(AttemptRecord(
+        run_id="r-nl", task_id="t", slot=0, attempt_no=1, seed=0, verdict="clean", outcome="fail", failure_kind="wrong_state",
+        grade_status="graded", grade_reason=f"job: expected 'x', found ('{forged}')",
+        grade_checks=[{"name": f"job {forged}", "kind": "expect", "passed": False, "detail": forged}],
+        state_diff={"tables": [{"table": table, "status": "added", "added": 1, "removed": 0, "changed": 0, "lines": [f"new table {table}"]}]}))
+    r = invoke("show", str(aid), "--db", db)
+    assert r.exit_code == 0, r.output
+    assert "FORGED" in r.stdout and "\\n" in r.stdout
+    for line in r.stdout.splitlines():
+        assert "FORGED" not in line.split("│")[0].lstrip()[:12], line  # never at the start of a line or a cell
+        assert not line.lstrip(" │").startswith(("clean: pass", "✓ FORGED")), line

@@ -535,3 +535,27 @@ def test_a_narrow_terminal_never_cuts_a_figure(db):
             assert all(len(ln) <= width for ln in out.splitlines()), (width, out)
             for f in figures:
                 assert f in out, (width, f, out)
+
+
+def test_a_difference_that_rounds_to_zero_is_never_printed_negative(db):
+    """-0.0004 to three places is 0.000, not -0.000 (a reader takes the sign for a drop)."""
+    import io
+
+    from rich.console import Console
+
+    from harness.report.render import render_comparison_table
+
+    store, url = db
+    add_run(store, "nz-a", {"t1": "✓✗✓✗", "t2": "✓✓✓✗"}, ks=(1, 2))
+    add_run(store, "nz-b", {"t1": "✓✗✓✗", "t2": "✓✓✓✗"}, ks=(1, 2), minutes=1)
+    c = json.loads(cli("compare", "nz-a", "nz-b", "--format", "json", "--db", url).stdout)
+    for s in c["suite"]:
+        s.update(delta=-0.0, low=-0.0004, high=0.0004, a=-0.0)
+    for p in c["per_task"]:
+        p["delta_pass1"] = -0.0003
+        p["delta_pass_hat_k"] = {k: -0.0 for k in p["delta_pass_hat_k"]}
+    buf = io.StringIO()
+    Console(file=buf, width=200, force_terminal=True, color_system=None).print(render_comparison_table(c))
+    out = buf.getvalue()
+    assert "+0.000" in out and "[0.000, 0.000]" in out, out
+    assert "-0.000" not in out and "−0.000" not in out, out

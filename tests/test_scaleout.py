@@ -168,3 +168,30 @@ def test_an_address_where_nothing_answers_fails_at_once():
     assert time.monotonic() - t0 < 60, "Ray's own retries (minutes) were not cut short"
     r = cli("doctor", "--executor", "ray", "--ray-address", "no-port-here")
     assert r.exit_code == 1 and "give HOST:PORT" in " ".join(r.output.split()), r.output
+
+
+def test_node_counts_are_the_same_from_whole_and_lean_records(db):
+    """Per machine: attempts, clean and discarded, counted by hand, from whole records (a
+    dict per attempt) and from a lean read (one dict per distinct stored value)."""
+    from harness.store.orm import AttemptRow
+    from harness.store.store import REPORT_FIELDS
+
+    store, _ = db
+    add_run(store, "r-disc", {"a": "✓✗✓", "b": "·✓✗"}, ks=(1, 2), discards={"a": 2}, max_reruns=2, executor="ray")
+    atts = store.attempts("r-disc")
+    with store.session() as s:
+        for a in atts:
+            s.get(AttemptRow, a.id).node = V1 if a.slot != 1 else (V2 if a.task_id == "a" else {})
+        s.commit()
+    atts = store.attempts("r-disc")
+    want: dict[str, list[int]] = {}
+    for a in atts:
+        if a.node:
+            w = want.setdefault(node_name(a.node), [0, 0, 0])
+            w[0] += 1
+            w[1 if a.verdict == "clean" else 2] += 1
+    assert sum(w[2] for w in want.values()) > 0 and len(want) == 2
+    run = store.get_run("r-disc")
+    for records in (atts, store.attempts("r-disc", REPORT_FIELDS)):
+        got = build_report(run, records).data()["nodes"]["nodes"]
+        assert {n["node"]: [n["attempts"], n["clean"], n["discarded"]] for n in got} == want

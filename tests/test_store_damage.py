@@ -318,3 +318,30 @@ def test_show_prints_the_phases_with_the_lane_waits(tmp_path):
     assert res.exit_code == 0, res.output
     line = next(x for x in res.stdout.splitlines() if "phases" in x)
     assert "sandbox +0.00 0.17s · lane +0.17 0.02s · agent +? ?s" in line
+
+
+def test_a_named_database_in_a_folder_that_is_not_there_is_refused(tmp_path, monkeypatch):
+    """A mistyped --db is not a new store in a new folder (as root, at the top of the disk);
+    the default store's folder is made; an SQLite URI is read as the file it names."""
+    from harness.model.errors import StoreError
+    from harness.store.store import Store
+
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(StoreError, match=f"folder {missing} does not exist; create it first") as e:
+        Store.open(f"sqlite:///{missing}/h.db")
+    assert not (tmp_path / "no").exists()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreError) as e:
+        Store.open("sqlite:///no/such/h.db")  # three slashes: relative
+    assert "relative to the working directory" in str(e.value) and "sqlite:////no/such/h.db" in str(e.value)
+    with pytest.raises(StoreError) as e:
+        Store.open(str(tmp_path / "h.db"))  # a path, not a URL
+    assert f"sqlite:///{tmp_path}/h.db" in str(e.value)
+    with pytest.raises(StoreError, match="relative to the working directory"):
+        Store.open("sqlite:///rel-missing.db", mode="ro")
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "fresh" / "home"))
+    monkeypatch.delenv("HARNESS_DB", raising=False)
+    Store.open()  # the default store: its folder is made
+    assert (tmp_path / "fresh" / "home" / "harness.db").is_file()
+    Store.open(f"sqlite:///file:{tmp_path}/fresh/home/harness.db?mode=ro&uri=true", mode="ro")
+    assert not any(p.name.startswith("file:") for p in tmp_path.rglob("*"))

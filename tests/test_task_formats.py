@@ -311,10 +311,17 @@ def test_translator_refuses_what_needs_buildkit_naming_the_line(line, word):
 
 def test_base_map_order_user_then_suite_then_local_then_defaults():
     present = {"node:20": True}.get
+    mine = {"my/python:local", "my/ubuntu:local"}.__contains__  # the mapped images the engine has
     bm = BaseMap.parse(["python:3.12-slim=my/python:local"], {"ubuntu:*": "my/ubuntu:local"})
-    assert bm.resolve("python:3.12-slim", lambda r: False) == "my/python:local"
-    assert bm.resolve("docker.io/library/python:3.12-slim@sha256:ab", lambda r: False) == "my/python:local"
-    assert bm.resolve("ubuntu:22.04", lambda r: False) == "my/ubuntu:local"
+    assert bm.resolve("python:3.12-slim", mine) == "my/python:local"
+    assert bm.resolve("docker.io/library/python:3.12-slim@sha256:ab", mine) == "my/python:local"
+    assert bm.resolve("ubuntu:22.04", mine) == "my/ubuntu:local"
+    # a mapping to an image the engine does not have is refused by name (a build would ask a registry)
+    for ref, where in (("python:3.12-slim", "--base-map python:3.12-slim=my/python:local"), ("ubuntu:22.04", "the suite's base_map: ubuntu:*=my/ubuntu:local")):
+        with pytest.raises(DockerfileError) as e:
+            bm.resolve(ref, lambda r: False)
+        assert str(e.value).startswith(where) and "is not on this engine" in str(e.value), str(e.value)
+    assert BaseMap.parse(["node:*=harness/debian:bookworm"]).resolve("node:20", lambda r: False) == "harness/debian:bookworm"  # the harness builds its own
     assert bm.resolve("node:20", lambda r: bool(present(r))) == "node:20"  # the engine has it: used as it is
     plain = BaseMap.parse(None)
     assert plain.resolve("python:3.11-slim-bookworm", lambda r: False) == "harness/python:bookworm"
@@ -443,3 +450,18 @@ def test_an_unknown_key_is_shown_as_one_printable_line(tmp_path):
     msg = load_error(tmp_path)
     line = next(ln for ln in msg.splitlines() if "evil" in ln)
     assert "\x1b" not in msg and "\u202e" not in msg and "unknown key" in line, msg
+
+
+def test_a_misspelt_key_is_named_before_what_it_made_fail():
+    """`trails = 3` leaves trials at the dataset's default of 1, which k = 3 then exceeds:
+    the misspelling is the first line, the consequence after it."""
+    from pydantic import ValidationError
+
+    from harness.model.suite import SuiteSpec
+    from harness.model.units import format_validation_error
+
+    with pytest.raises(ValidationError) as e:
+        SuiteSpec.model_validate({"name": "x", "trials": 1, "k": [1, 3], "state": "container", "dockerfile": None, "trails": 3, "format": "harbor"})
+    lines = format_validation_error("harness.toml", e.value, SuiteSpec).splitlines()
+    assert lines[0] == "harness.toml: trails: unknown key (did you mean 'trials'?)", lines
+    assert len(lines) == 2 and "exceeds trials = 1" in lines[1], lines

@@ -166,7 +166,7 @@ def keep_to_reserved(reserve_cores: int | None = None) -> None:
         pool = CpuPool.for_host()
     pin_process(list(pool.reserved or pool.cpus))  # none reserved (--reserve-cores 0): it shares every core, as it would unpinned
 
-DB_HELP = "Database URL (SQLAlchemy), default sqlite:///.harness/harness.db or $HARNESS_DB."
+DB_HELP = "Database URL (SQLAlchemy), default $HARNESS_DB, else sqlite:///$HARNESS_HOME/harness.db (HARNESS_HOME: .harness in the working directory)."
 
 
 def fmt3(v: float | None) -> str:

@@ -50,7 +50,7 @@ from harness.report.views import (
     trial_row,
     upstream_lines,
 )
-from harness.model.units import format_size, one_line
+from harness.model.units import format_size, one_line, printable_line
 from harness.report.artifacts import ARTIFACT_FILES, OPTIONAL_FILES, read_artifacts
 from harness.report.usage import attempt_usage
 
@@ -145,7 +145,7 @@ def trials(
     if verdict:
         rows = [x for x in rows if x["verdict"] == verdict]
     if outcome:
-        rows = [x for x in rows if x["outcome"] == outcome]
+        rows = [x for x in rows if x["verdict"] == "clean" and x["outcome"] == outcome]  # a discarded attempt may have been graded: never scored
     if sort:
         try:
             rows = sort_rows(rows, sort, TRIAL_FIELDS)
@@ -285,7 +285,7 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dic
     c.print(Rule(f"attempt {a.id} · {a.task_id} · trial {a.slot} · attempt {a.attempt_no}", align="left"))
     hl = doc["headline"]
     style = "bold yellow" if a.verdict == "discarded" else ("bold green" if a.outcome == "pass" else "bold red")
-    c.print(Text(printable(hl), style=style))
+    c.print(Text(printable_line(hl), style=style))
     if a.error:
         last = a.error.strip().splitlines()[-1][:500]
         if last not in hl:  # an infra error is already the headline
@@ -370,11 +370,11 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dic
             graded = Text.assemble("graded ", graded, Text(" — not counted: the attempt was discarded", style="yellow"))
         c.print(graded, Text(f"  exit {a.exit_code}, terminated cleanly {a.terminated_cleanly}, timed out {a.timed_out}"))
         if a.grade_reason:
-            c.print(Text("reason: " + printable(a.grade_reason)))
+            c.print(Text("reason: " + printable_line(a.grade_reason)))
         for ch in a.grade_checks or []:
             mark = Text("✓ ", style="green") if ch.get("passed") else Text("✗ ", style="red")
-            c.print(Text.assemble("  ", mark, printable(f"{ch.get('name')} [{ch.get('kind')}]"),
-                                  (printable(f" — {ch['detail']}") if ch.get("detail") else "")))
+            c.print(Text.assemble("  ", mark, printable_line(f"{ch.get('name')} [{ch.get('kind')}]"),
+                                  (printable_line(f" — {ch['detail']}") if ch.get("detail") else "")))
 
     _print_verifier_and_services(a, r)
     c.print(Rule("state diff vs fixture (what the agent changed)", style="dim", align="left"))
@@ -382,7 +382,7 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dic
         fd = a.state_diff["files"]
         c.print(Text(f"{fd.get('total', 0)} path(s) differ from the fixture" if fd.get("total") else "no changes"))
         for line in diff_lines(a.state_diff):
-            c.print(Text("  " + printable(line)))
+            c.print(Text("  " + printable_line(line)))
     elif a.reward is not None and not doc["state_diff_summary"]:
         c.print(Text("judged by a verifier: see its output below and the evidence in the artifacts folder", style="dim"))
     elif not doc["state_diff_summary"]:
@@ -395,10 +395,10 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dic
         for col in ("table", "status", "added", "removed", "changed"):
             dt_.add_column(col, justify="left" if col in ("table", "status") else "right")
         for d in doc["state_diff_summary"]:  # table names come from the agent's state: never markup
-            dt_.add_row(Text(printable(str(d["table"]))), Text(printable(str(d["status"]))), f"+{d['added']}", f"-{d['removed']}", f"~{d['changed']}")
+            dt_.add_row(Text(printable_line(str(d["table"]))), Text(printable_line(str(d["status"]))), f"+{d['added']}", f"-{d['removed']}", f"~{d['changed']}")
         c.print(dt_)
         for line in diff_lines(a.state_diff) + diff_row_lines(a.state_diff):
-            c.print(Text("  " + printable(line)))
+            c.print(Text("  " + printable_line(line)))
 
     for name in ARTIFACT_FILES:
         tail = doc["artifacts"]["tails"].get(name)
@@ -436,10 +436,10 @@ def _print_gateway(a: Any, doc: dict[str, Any], prices: dict | None) -> None:
                               justify="right" if col in ("#", "queued", "latency", "ttfb", "retries", "cost") else "left")
             for x in rows:  # model names and details come from the gateway's record: never markup
                 st = "bold red" if x["error"] else ""
-                cells = [x["n"], Text(printable(x["provider"])), Text(printable(x["model"])),
+                cells = [x["n"], Text(printable_line(x["provider"])), Text(printable_line(x["model"])),
                          Text(x["status"] + (" stream" if x["stream"] else ""), style=st), x["queued"] or "-",
                          x["latency"], x["ttfb"], x["tokens"], x["retries"]] + ([x["cost"]] if prices is not None else [])
-                ct.add_row(*cells, Text(printable(x["detail"])))
+                ct.add_row(*cells, Text(printable_line(x["detail"])))
             c.print(ct)
             if more:
                 c.print(Text(f"… {more} more call(s): harness show {a.id} --json for every call", style="dim"))
@@ -454,9 +454,9 @@ def _print_gateway(a: Any, doc: dict[str, Any], prices: dict | None) -> None:
         for col in ("host:port", "method", "verdict", "rule / reason", "bytes up / down"):
             et.add_column(col, no_wrap=col != "rule / reason", overflow="fold")
         for x in rows:  # hosts and reasons are what the agent asked for: never markup
-            et.add_row(Text(printable(x["host"])), Text(printable(x["method"])),
+            et.add_row(Text(printable_line(x["host"])), Text(printable_line(x["method"])),
                        Text(x["verdict"], style="green" if x["verdict"] == "allowed" else "bold red"),
-                       Text(printable(x["why"])), x["bytes"])
+                       Text(printable_line(x["why"])), x["bytes"])
         c.print(et)
         if more:
             c.print(Text(f"… {more} more connection(s): harness show {a.id} --json for all", style="dim"))

@@ -86,13 +86,23 @@ def _print_rich(renderable: Any, out: Optional[Path]) -> None:
         Console(file=sys.stdout, width=160, color_system=None).print(renderable)
 
 
-def _emit(text: str, out: Optional[Path]) -> None:
+def _emit(text: str | bytes, out: Optional[Path]) -> None:
+    """Write ``text`` (str, or UTF-8 bytes as pydantic-core serializes: no decode of a large
+    report only to encode it again) to ``out``, else to stdout with a final newline."""
     if out is None:
+        if isinstance(text, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(text if text.endswith(b"\n") else text + b"\n")
+            sys.stdout.buffer.flush()
+            return
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
         return
     try:
-        out.write_text(text, encoding="utf-8")
+        if isinstance(text, bytes):
+            out.write_bytes(text)
+        else:
+            out.write_text(text, encoding="utf-8")
     except OSError as e:
         die(f"cannot write --out {out}: {e.strerror}; choose another path")
 
@@ -150,7 +160,7 @@ def report(
             die(f"--k {k}: {problem}")
     report_ = build_report(row, attempts, k=k, prices=table, late=len(store.late_attempts(row.id)))
     if fmt is ReportFormat.json:  # serialized by pydantic-core (the values of data(); small floats may print as 0.00008)
-        _emit(report_.model_dump_json(by_alias=True, indent=2), out)
+        _emit(type(report_).__pydantic_serializer__.to_json(report_, by_alias=True, indent=2), out)  # model_dump_json, as bytes
         if out is not None:
             err.print(f"wrote {fmt.value} report of run {row.id} to {out}", highlight=False)
         return

@@ -558,7 +558,7 @@ def print_sweep(doc: dict[str, Any]) -> None:
     for r in doc["profiles"]:
         e = r["envelope"]
         v = r["vs_reference"]
-        delta = "—" if v is None else (f"{100 * v['delta_pass1']:+.1f} pts [{100 * v['low']:+.0f}, {100 * v['high']:+.0f}]" if "delta_pass1" in v else v.get("error", "-"))
+        delta = "—" if v is None else (f"{100 * v['delta_pass1']:+z.1f} pts [{100 * v['low']:+z.0f}, {100 * v['high']:+z.0f}]" if "delta_pass1" in v else v.get("error", "-"))
         p = "" if not v or "p_value" not in v else f"{v['p_value']:.3f}"
         cells = [r["profile"], f"{e['cpus']:g}", format_size(e["memory"]), f"{e['agent_timeout_s']:g}s", _ci(r["metrics"].get("pass@1"))]
         cells += [_ci(r["metrics"].get(f"pass^{k}")) for k in ks]

@@ -20,8 +20,7 @@ def doctor(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The cluster to check (HOST:PORT of its head; else "
                                               "$HARNESS_RAY_ADDRESS; else a one-node cluster started here)."),
 ) -> None:
-    """Check that this machine (or every node of a cluster) can run pinned trials; each
-    problem comes with its fix.
+    """Check that this machine (or every node of a cluster) can run pinned trials; each problem comes with its fix.
 
     Checks: engine answers and its version, cgroup version and driver, the counters of a
     real container are readable, per-cgroup and host PSI, cores available for pinning,
@@ -93,9 +92,16 @@ def sandbox_exec(
     from harness.engine.profiles import load_profile
     from harness.engine.scheduler import CpuPool, allowed_cpus, pin_process
     from harness.sandbox.docker_backend import DockerBackend
+    from harness.model.errors import RunError
     from harness.sandbox.docker_sandbox import connect
+    from harness.sandbox.images import image_identity
 
     prof = load_profile(profile)
+    client = connect()
+    try:  # before any core is leased: an image that is not here is a usage error (no registry is asked)
+        image_identity(client, image)
+    except RunError as e:
+        die(f"--image {image}: {e}")
     if prof.network != "none":
         err.print(f"[yellow]note[/]: `sandbox exec` runs with network none (profile {prof.name} says {prof.network}: "
                   "the gateway and the other policies exist only in `harness run`)", highlight=False)
@@ -125,7 +131,7 @@ def sandbox_exec(
             die(f"--env {kv!r}: expected KEY=VALUE")
         k, v = kv.split("=", 1)
         envd[k] = v
-    res = run_command(DockerBackend(connect()), image, prof, cpus, list(cmd), env=envd, timeout=timeout)
+    res = run_command(DockerBackend(client), image, prof, cpus, list(cmd), env=envd, timeout=timeout)
     if json_out:
         data = res.model_dump(mode="json", exclude=None if samples else {"samples"})
         if not samples:

@@ -21,6 +21,7 @@ listed, never counted as a pass or a fail.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import numbers
 import random
@@ -234,6 +235,12 @@ def pass_hat_k_exact(n: int, c: int, k: int) -> Fraction:
 
 def _tasks(fn: str, tasks: Iterable[TaskOutcomes]) -> list[TaskOutcomes]:
     out = list(tasks)
+    # checked by C-level passes (a report asks a dozen estimators about 10^5 tasks); the loop
+    # below runs only to name what is wrong
+    if all(map(isinstance, out, itertools.repeat(TaskOutcomes))):
+        ids = [t.task_id for t in out]
+        if len(set(ids)) == len(ids):
+            return out
     seen: set[str] = set()
     for t in out:
         if not isinstance(t, TaskOutcomes):

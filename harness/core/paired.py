@@ -249,7 +249,7 @@ def compare_runs(
         test = SignificanceTest(
             method="stratified_permutation", statistic=obs[p1], p_value=p_of[p1], n_informative=informative,
             detail=f"stratified permutation test, {n_perm} seeded deals (seed {seed}){fam}: mean pass@1 delta "
-            f"{obs[p1]:+.3f}, p={p_of[p1]:.3g}",
+            f"{obs[p1]:+z.3f}, p={p_of[p1]:.3g}",
         )
     return Comparison(
         n_common=len(pairs), only_in_a=only_a, only_in_b=only_b, unmeasured=unmeasured,

@@ -109,7 +109,7 @@ def clean_loc(loc: tuple, short: set[str] | None = None) -> tuple:
 def format_validation_error(source: str, err: ValidationError, model: Any = None, short: set[str] | None = None) -> str:
     """One line per problem: ``file: key: message``; an unknown key gets a "did you mean"
     when ``model`` has a field close to it. ``short``: top-level keys of a task's short form."""
-    lines = []
+    lines: list[tuple[bool, str]] = []
     for e in err.errors():
         e = {**e, "loc": clean_loc(tuple(e["loc"]), short)}
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -127,8 +127,11 @@ def format_validation_error(source: str, err: ValidationError, model: Any = None
                 close = difflib.get_close_matches(key, names, n=1)
                 if close:
                     msg += f" (did you mean {close[0]!r}?)"
-        lines.append(f"{source}: {msg}" if not e["loc"] and re.match(r"^[\w.]+: ", msg) else f"{source}: {loc}: {msg}")
-    return "\n".join(lines)
+        lines.append((e["type"] != "extra_forbidden",
+                      f"{source}: {msg}" if not e["loc"] and re.match(r"^[\w.]+: ", msg) else f"{source}: {loc}: {msg}"))
+    # unknown keys first: a misspelt key is often why a check on the others fails ("trails"
+    # leaves trials at its default, which k then exceeds)
+    return "\n".join(line for _, line in sorted(lines, key=lambda x: x[0]))
 
 
 # C0 and C1 controls but tab and newline (escape sequences), and the bidirectional formatting
@@ -141,6 +144,16 @@ def printable(s: str) -> str:
     """Text as it may reach a terminal: control characters (escape sequences) and bidirectional
     overrides replaced by U+FFFD; tabs and newlines kept."""
     return s.translate(TERMINAL_UNSAFE)
+
+
+LINE_UNSAFE = {**TERMINAL_UNSAFE, 9: "\\t", 10: "\\n", 13: "\\r"}
+
+
+def printable_line(s: str) -> str:
+    """:func:`printable` for text that is one line where it is shown (a grade reason, a check,
+    a row of a diff): a newline, carriage return or tab in it is written as ``\\n``, ``\\r``
+    or ``\\t``, so a value cannot start a line of its own that reads like the tool's."""
+    return s.translate(LINE_UNSAFE)
 
 
 def one_line(text: str, limit: int = 60) -> str:

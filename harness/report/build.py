@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import Counter
+from itertools import compress
+from operator import attrgetter
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
@@ -493,17 +495,11 @@ def node_summary(attempts: Sequence[AttemptRecord], executor: str) -> dict[str, 
     """Where the attempts ran, per machine, and what differs between the machines of the
     scored ones (None when no record carries node facts)."""
     # grouped by the facts object first: a lean read shares one decoded dict per distinct value
-    groups: dict[int, list[Any]] = {}  # id(node) -> [node, attempts, clean]
-    for a in attempts:
-        node = a.node
-        if not node:
-            continue
-        g = groups.get(id(node))
-        if g is None:
-            g = groups[id(node)] = [node, 0, 0]
-        g[1] += 1
-        if a.verdict == "clean":
-            g[2] += 1
+    # (C-level passes over 10^5 attempts: map, zip, Counter, compress)
+    nodes = list(map(attrgetter("node"), attempts))
+    clean_of = Counter(map(id, compress(nodes, map("clean".__eq__, map(attrgetter("verdict"), attempts)))))
+    by_id = dict(zip(map(id, nodes), nodes))
+    groups = {i: [by_id[i], n, clean_of.get(i, 0)] for i, n in Counter(map(id, nodes)).items() if by_id[i]}  # id(node) -> [node, attempts, clean]
     if not groups:
         return None
     rows: dict[str, dict[str, Any]] = {}

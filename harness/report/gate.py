@@ -259,14 +259,14 @@ def check_baseline(
     if unchecked:
         details.append(f"not checked (unmeasured in this run): {', '.join(unchecked)}")
     if absent:
-        details.append(f"not in this run's suite: {', '.join(absent[:50])}" + (f" and {len(absent) - 50} more" if len(absent) > 50 else ""))
+        details.append(f"not in this run: {', '.join(absent[:50])}" + (f" and {len(absent) - 50} more" if len(absent) > 50 else ""))
     problems = []
     if regressed:
         problems.append(f"{len(regressed)} task(s) that passed every trial in baseline {base_id} no longer do: "
                         + ", ".join(tid for tid, _ in regressed))
     if absent:
         problems.append(f"{len(absent)} task(s) that passed every trial in baseline {base_id} are not in this run "
-                        "(the suite lost them; gate against a baseline of this suite)")
+                        "(left out with --tasks, or gone from the suite; gate against a baseline of the same tasks)")
     if problems:
         return GateCheck(name, False, "; ".join(problems), details)
     return GateCheck(name, True, f"all {held} task(s) that passed every trial in baseline {base_id} still do", details)

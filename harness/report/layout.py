@@ -54,11 +54,11 @@ class Section:
 
 
 def f3(v: float | None) -> str:
-    return "–" if v is None else f"{v:.3f}"
+    return "–" if v is None else f"{v:z.3f}"
 
 
 def fci(lo: float | None, hi: float | None) -> str:
-    return "–" if lo is None or hi is None else f"[{lo:.3f}, {hi:.3f}]"
+    return "–" if lo is None or hi is None else f"[{lo:z.3f}, {hi:z.3f}]"
 
 
 def failures_text(fk: dict[str, int]) -> str:
@@ -393,7 +393,7 @@ def comparison_sections(c: dict[str, Any]) -> list[Section]:
     if notes:
         secs.append(Section("identity", "Identity differences", [TextBlock(notes, style="warn")]))
     srows = [
-        [s["metric"], f3(s["a"]), f3(s["b"]), f"{s['delta']:+.3f}", f"±{f3(s['noise_floor'])}", fci(s["low"], s["high"]),
+        [s["metric"], f3(s["a"]), f3(s["b"]), f"{s['delta']:+z.3f}", f"±{f3(s['noise_floor'])}", fci(s["low"], s["high"]),
          f"{s['p_value']:.3g}", "beyond noise" if s["beyond_noise"] else "within noise", str(s["n_tasks"])]
         for s in c["suite"]
     ]
@@ -421,8 +421,8 @@ def comparison_sections(c: dict[str, Any]) -> list[Section]:
     rows = []
     for p in c["per_task"]:
         rows.append(
-            [p["task"], p["marks_a"], p["marks_b"], f"{p['c_a']}/{p['n_a']}", f"{p['c_b']}/{p['n_b']}", f3(p["pass1_a"]), f3(p["pass1_b"]), f"{p['delta_pass1']:+.3f}"]
-            + [("–" if p["delta_pass_hat_k"].get(f"pass^{k}") is None else f"{p['delta_pass_hat_k'][f'pass^{k}']:+.3f}") for k in hk]
+            [p["task"], p["marks_a"], p["marks_b"], f"{p['c_a']}/{p['n_a']}", f"{p['c_b']}/{p['n_b']}", f3(p["pass1_a"]), f3(p["pass1_b"]), f"{p['delta_pass1']:+z.3f}"]
+            + [("–" if p["delta_pass_hat_k"].get(f"pass^{k}") is None else f"{p['delta_pass_hat_k'][f'pass^{k}']:+z.3f}") for k in hk]
         )
     secs.append(
         Section(

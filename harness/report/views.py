@@ -70,7 +70,7 @@ TRIAL_FIELDS: dict[str, tuple[str, str]] = {
     "host_disk_bytes": ("bytes", "Bytes read + written on the host's disks over the agent phase (/proc/diskstats, whole disks)."),
     "controller_stall_s": ("s", "Longest time the controller's own monitor stood still beyond one sampling interval."),
     "foreign_cpu_share": ("fraction", "Busy time on the pinned cores not charged to the attempt / (wall x pinned cores)."),
-    "steal_share": ("fraction", "Hypervisor steal over all host CPUs / (wall x CPUs)."),
+    "steal_share": ("fraction", "Hypervisor steal on the trial's pinned CPUs / (wall x those CPUs)."),
     "host_psi_cpu": ("fraction", "Share of wall time some host task stalled on CPU (host PSI some)."),
     "host_psi_memory": ("fraction", "Share of wall time some host task stalled on memory (host PSI some)."),
     "host_psi_io": ("fraction", "Share of wall time some host task stalled on IO (host PSI some)."),
@@ -295,7 +295,7 @@ def sort_rows(rows: list[dict[str, Any]], spec: str, fields: Iterable[str]) -> l
 
 
 def pct(x: float | None, digits: int = 1) -> str:
-    return "-" if x is None else f"{100 * x:.{digits}f}%"
+    return "-" if x is None else f"{100 * x:z.{digits}f}%"
 
 
 def _num(v: Any) -> str:

@@ -61,9 +61,12 @@ class BaseMap:
     def resolve(self, ref: str, present: "callable") -> str:
         """The local image to build FROM in place of ``ref`` (see the module docstring)."""
         name = normalize_ref(ref)
-        for table in (self.user, self.suite):
+        for table, where in ((self.user, "--base-map"), (self.suite, "the suite's base_map:")):
             for pattern, local in table:
                 if fnmatch.fnmatchcase(name, normalize_ref(pattern)) or fnmatch.fnmatchcase(ref, pattern):
+                    if local not in LOCAL_BASES and not present(local):  # the harness builds its own; a build would ask a registry for any other
+                        raise DockerfileError(f"{where} {pattern}={local}: {local} is not on this engine; build or `docker load` it "
+                                              f"first, or map {name} to an image the engine has ({', '.join(LOCAL_BASES[1:])} are the harness's)")
                     return local
         if present(ref) or present(name):
             return ref if present(ref) else name

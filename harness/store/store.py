@@ -63,9 +63,27 @@ def missing_database(url: str | None) -> Path | None:
     return path if path is not None and not path.exists() else None
 
 
+def url_hint(url: str) -> str:
+    """What a mistyped database URL most likely meant, as '; ...' ('' when nothing stands out)."""
+    path = _sqlite_path(url)
+    if path is not None and not path.is_absolute():
+        return (f"; sqlite:/// with three slashes names a path relative to the working directory ({Path.cwd() / path}); "
+                f"an absolute path takes four: sqlite:////{path}")
+    if "://" not in url:
+        return f"; a database URL names its kind first: sqlite:///{url} for a SQLite file, postgresql+psycopg://USER@HOST/DB for PostgreSQL"
+    return ""
+
+
 def _sqlite_path(url: str) -> Path | None:
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
-        return Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+        path, _, query = url.removeprefix("sqlite:///").partition("?")
+        if path.startswith("file:") and "uri=true" in query:  # an SQLite URI: file:/abs, file:rel, file:///abs
+            path = path.removeprefix("file:")
+            if path.startswith(":memory:") or "mode=memory" in query:
+                return None
+            if path.startswith("///"):
+                path = path[2:]
+        return Path(path)
     return None
 
 
@@ -111,17 +129,20 @@ class Store:
                                  f"e.g. --db sqlite:///{path / 'harness.db'}")
             if mode == "ro":
                 if not path.exists():
-                    raise StoreError(f"no harness database at {path}; run `harness run --suite refunds` first or pass --db")
+                    raise StoreError(f"no harness database at {path}; run `harness run --suite refunds` first or pass --db{url_hint(url)}")
                 engine_url = f"sqlite:///file:{path}?mode=ro&uri=true"
-            else:
+            elif path.absolute() == (harness_home() / "harness.db").absolute():  # the default store: its folder is ours to make
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                 except OSError as e:
                     raise StoreError(f"cannot create {path.parent} for the database: {e.strerror}; pass --db or set HARNESS_DB") from None
+            elif not path.parent.is_dir():  # a named store: a mistyped folder is not made at the root of the disk
+                raise StoreError(f"database {url}: folder {path.parent} does not exist; create it first "
+                                 f"(mkdir -p {path.parent}) or fix the path{url_hint(url)}")
         try:
             engine = create_engine(engine_url)
         except (SQLAlchemyError, ImportError, ValueError) as e:
-            raise StoreError(f"cannot use database URL {url!r}: {e}") from None
+            raise StoreError(f"cannot use database URL {url!r}: {e}{url_hint(url)}") from None
         if engine.dialect.name == "sqlite":
             event.listen(engine, "connect", _pragmas(mode == "rw"))
         try:
