@@ -574,14 +574,42 @@ def test_live_self_cgroup():
 
 
 def test_live_snapshot_is_cheap():
+    """A snapshot costs about what opening and reading its files costs (measured here, in the
+    same run: never an absolute time, which an emulated guest would miss). `make bench`
+    reports what sampling costs a core."""
     reader = SnapshotReader(locate("self"))
-    n = 200
-    t0 = time.perf_counter()
-    for _ in range(n):
-        reader.read(0.0)
-    per_read = (time.perf_counter() - t0) / n
-    # ~5 Hz sampling: anything under 5 ms is negligible; typical is well under 1 ms.
-    assert per_read < 0.005, f"one read_snapshot took {per_read * 1e6:.0f} µs"
+    paths: list[str] = []
+
+    def walk(v):
+        if isinstance(v, str) and v.startswith("/sys/"):
+            paths.append(v)
+        elif isinstance(v, tuple):
+            for x in v:
+                walk(x)
+
+    for v in vars(reader).values():
+        walk(v)
+    assert paths
+
+    def raw():
+        for p in paths:
+            try:
+                with open(p, "rb") as f:
+                    f.read()
+            except OSError:
+                pass
+
+    n, ratios = 200, []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            reader.read(0.0)
+        t1 = time.perf_counter()
+        for _ in range(n):
+            raw()
+        ratios.append((t1 - t0) / (time.perf_counter() - t1))
+    # parsing on top of the reads stays within a small multiple of the reads (about 1x here)
+    assert min(ratios) < 3.0, f"a snapshot took {min(ratios):.1f}x the open+read of its {len(paths)} files"
 
 
 @pytest.mark.docker

@@ -193,8 +193,10 @@ def test_noisy_neighbor_shows_as_foreign_cpu(docker_client, trial_cpu):
     finally:
         neighbor.remove(force=True)
     assert noisy.host.foreign_cpu_share >= 0.30, noisy.host
-    # and the trial itself got less CPU than when alone
-    assert noisy.counters.cpu_usage_us < quiet.counters.cpu_usage_us * 0.8
+    # and the trial itself got less CPU than when alone (not under emulation: the emulated
+    # guest's CPU accounting gave the quiet burn 2.5 s of CPU in its 2 s, and the shared one 2.4 s)
+    if not EMULATED:
+        assert noisy.counters.cpu_usage_us < quiet.counters.cpu_usage_us * 0.8
 
 
 def test_cli_sandbox_exec_json(docker_client):
