@@ -143,6 +143,14 @@ def test_no_network_and_read_only_root(docker_client, trial_cpu):
         "    except OSError as e:\n"
         "        res[p] = e.errno\n"
         "res['uid'] = os.getuid()\n"
+        "res['netns'] = os.readlink('/proc/self/ns/net')\n"
+        "res['localhost'] = socket.gethostbyname('localhost')\n"
+        "try:\n"
+        "    open('/etc/hosts', 'a').write('6.6.6.6 localhost'); res['hosts'] = 'written'\n"
+        "except OSError as e:\n"
+        "    res['hosts'] = e.errno\n"
+        "srv = socket.socket(); srv.bind(('localhost', 0)); srv.listen(1)\n"
+        "socket.create_connection(('localhost', srv.getsockname()[1]), timeout=2).close(); res['loopback'] = 'ok'\n"
         "res['caps'] = [l for l in open('/proc/self/status') if l.startswith(('CapEff', 'NoNewPrivs'))]\n"
         "print(json.dumps(res))\n"
     )
@@ -150,6 +158,11 @@ def test_no_network_and_read_only_root(docker_client, trial_cpu):
     res = json.loads(r.exec.stdout)
     assert res["ifaces"] == ["lo"]
     assert res["connect"] != "ok"
+    # a namespace of its own with loopback (the engine is asked for no network at all, so
+    # /etc/hosts is the harness's: localhost resolves, and the sandbox cannot change it)
+    assert res["netns"] != os.readlink("/proc/self/ns/net")
+    assert res["localhost"] == "127.0.0.1" and res["loopback"] == "ok"
+    assert res["hosts"] in (13, 30)  # EACCES for this uid, EROFS (a read-only bind) for any
     assert res["/etc/x"] == 30 and res["/usr/x"] == 30  # EROFS
     assert res["/work/x"] == "written" and res["/tmp/x"] == "written"
     assert res["uid"] == 10001

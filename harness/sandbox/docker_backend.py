@@ -122,7 +122,8 @@ class DockerBackend(SandboxBackend):
             c = self.client.containers.run(
                 image, ["sh", "-c", probe, "sh", command], detach=True, user=who, working_dir="/",
                 cpuset_cpus=",".join(map(str, cpus)) if cpus else None,
-                network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=[seccomp.security_opt(), "no-new-privileges"],
+                network_mode="none", network_disabled=True, read_only=True, cap_drop=["ALL"],
+                security_opt=[seccomp.security_opt(), "no-new-privileges"],
                 mem_limit=profile.memory, pids_limit=64, log_config={"type": "none"}, labels=_labels(),
             )
             if c.wait(timeout=60).get("StatusCode") == 0:

@@ -46,7 +46,7 @@ from harness.model.units import format_size
 from harness.sandbox import seccomp
 from harness.sandbox.base import Command, Exported, ExportFile, Measured, Sandbox, SandboxSpec, Tree
 from harness.sandbox.finish import FINISH, check_names, finish_spec, read_archive, read_finish_stream, stream_limit
-from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LiveRegistry, controller_host, input_folder
+from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LiveRegistry, controller_host, hosts_file, input_folder
 
 LIVE = LiveRegistry()  # the sandboxes this process holds
 PENDING = LiveRegistry()  # containers whose removal failed; retried by retry_removals()
@@ -232,14 +232,19 @@ class DockerSandbox(Sandbox):
     def _mounts(self) -> dict[str, dict[str, str]]:
         spec = self.spec
         bind_trees = {} if spec.writable_root else spec.trees
-        if not spec.inputs and not spec.with_grade_dir and not spec.late_dirs and not bind_trees:
-            return {}
         root = spec.inputs_root or Path(os.environ.get("HARNESS_HOME", ".harness")) / "inputs"
+        volumes: dict[str, dict[str, str]] = {}
+        if self.isolated:
+            try:
+                volumes[str(hosts_file(root.resolve()))] = {"bind": "/etc/hosts", "mode": "ro"}
+            except OSError as e:
+                raise SandboxError(f"cannot write the sandbox hosts file under {root}: {e}; set HARNESS_HOME to a folder you own") from None
+        if not spec.inputs and not spec.with_grade_dir and not spec.late_dirs and not bind_trees:
+            return volumes
         try:
             self._folder = input_folder(root.resolve(), self.name)
         except OSError as e:
             raise SandboxError(f"cannot make the input folder under {root}: {e}; set HARNESS_HOME to a folder you own") from None
-        volumes: dict[str, dict[str, str]] = {}
 
         def folder(sub: str, at: str) -> Path:
             d = self._folder / sub
@@ -319,8 +324,16 @@ class DockerSandbox(Sandbox):
         elif spec.egress:
             kw["network"] = spec.egress
         else:
-            kw["network_mode"] = "none"
+            # its own network namespace with loopback only, as network_mode none, without the
+            # engine's network sandbox: Docker 20.10 re-executes dockerd as a prestart hook for
+            # every container it networks ('none' included), 80 ms of engine CPU per container
+            kw.update(network_mode="none", network_disabled=True)
         return kw
+
+    @property
+    def isolated(self) -> bool:
+        """No network at all (the profile's ``none``): loopback only, /etc/hosts ours."""
+        return not self.spec.network and not self.spec.egress
 
     def _start(self) -> None:
         p = self.profile
