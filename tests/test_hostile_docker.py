@@ -251,9 +251,9 @@ def test_stdout_flood_is_capped_and_the_controller_stays_small(hostile):
     err = (art(hostile, "stdout-flood") / "stderr.txt").read_bytes()
     cap = a.envelope["output_cap"]
     assert len(out) <= cap + 200 and len(err) <= cap + 200
-    dropped = int(re.search(rb"\[harness: truncated, (\d+) more bytes dropped", out).group(1))
+    dropped = int(re.search(rb"\[harness: truncated, (\d+) bytes dropped here", out).group(1))
     assert dropped >= 256 * MiB, dropped  # the agent really wrote a lot (how much depends on the machine's speed)
-    assert re.search(rb"\[harness: truncated, \d+ more bytes dropped", err)
+    assert re.search(rb"\[harness: truncated, \d+ bytes dropped here", err)
     assert a.failure_kind == "timeout"
     peak = hostile["sampler"].peak_rss
     print(f"stdout-flood: {dropped / MiB:.0f} MiB dropped; controller peak RSS {peak / MiB:.0f} MiB")
@@ -441,11 +441,11 @@ def test_crafted_states_are_graded_in_the_sandbox_within_its_envelope(hostile):
         t = a.envelope["timeouts"]
         made = last(hostile, task, "stdout.txt")
         print(f"{task}: state {made.get('size')} B, wal {made.get('wal', 0)} B -> {a.failure_kind}: {a.grade_reason} "
-              f"(grade {a.grade_wall_s:.2f} s, attempt {a.wall_s:.2f} s)")
+              f"(grade {a.grade_wall_s} s, attempt {a.wall_s} s)")  # None when the grade never ran: shown, not a crash
         # graded either way; a discard for host noise (steal on a shared VM) keeps its grade as evidence
         assert (a.verdict == "clean" or set(a.reasons) <= HOST_ONLY_REASONS) and a.outcome == "fail", (task, a.verdict, a.reasons, a.error)
         assert a.failure_kind in ("ungradable", "wrong_state"), (task, a.failure_kind)
-        assert a.grade_wall_s <= t["grade"] + 3, (task, a.grade_wall_s)
+        assert a.grade_wall_s is not None and a.grade_wall_s <= t["grade"] + 3, (task, a.grade_wall_s, a.error)
         assert a.wall_s <= t["agent"] + 2 * t["grade"] + 5, (task, a.wall_s)
         assert len(json.dumps(a.state_diff)) < MAX_VERDICT_BYTES, task
         assert len(json.dumps(a.grade_checks)) < MAX_VERDICT_BYTES, task

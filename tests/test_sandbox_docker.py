@@ -172,11 +172,16 @@ def test_no_network_and_read_only_root(docker_client, trial_cpu):
 
 def test_output_is_capped_and_truncation_marked(docker_client, trial_cpu):
     p = prof(output_cap="64k")
-    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, p, trial_cpu, ["python3", "-c", "import sys; sys.stdout.write('x' * 3_000_000)"])
-    assert r.exec.stdout_bytes == 3_000_000
-    assert r.exec.stdout_truncated
-    assert "truncated" in r.exec.stdout
-    assert len(r.exec.stdout) < 70_000
+    # a long output's end is where it went wrong: its first and last halves are kept, the
+    # middle is counted and marked where it was
+    code = "import sys; sys.stdout.write('begin ' + 'x' * 3_000_000 + ' the end'); sys.stderr.write('e' * 100 + ' last line')"
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, p, trial_cpu, ["python3", "-c", code])
+    assert r.exec.stdout_bytes == 3_000_000 + 14
+    assert r.exec.stdout_truncated and not r.exec.stderr_truncated
+    head, marker, tail = r.exec.stdout.split("\n")
+    assert head == "begin " + "x" * (32 * 1024 - 6) and tail == "x" * (32 * 1024 - 8) + " the end"
+    assert marker == f"[harness: truncated, {3_000_014 - 64 * 1024} bytes dropped here; cap 64 KiB: its first and last halves kept]"
+    assert r.exec.stderr == "e" * 100 + " last line"
 
 
 def test_samples_are_taken_during_the_command(docker_client, trial_cpu):

@@ -46,7 +46,7 @@ from harness.model.units import format_size
 from harness.sandbox import seccomp
 from harness.sandbox.base import Command, Exported, ExportFile, Measured, Sandbox, SandboxSpec, Tree
 from harness.sandbox.finish import FINISH, check_names, finish_spec, read_archive, read_finish_stream, stream_limit
-from harness.sandbox.owners import LABEL, LABEL_HOST, LABEL_OWNER, LiveRegistry, controller_host, hosts_file, input_folder
+from harness.sandbox.owners import HOSTS, LABEL, LABEL_HOST, LABEL_OWNER, LiveRegistry, controller_host, input_folder
 
 LIVE = LiveRegistry()  # the sandboxes this process holds
 PENDING = LiveRegistry()  # containers whose removal failed; retried by retry_removals()
@@ -132,7 +132,9 @@ def tree_tar(files: Tree, top: str) -> bytes:
             tf.addfile(ti, io.BytesIO(data))
     return buf.getvalue()
 class _Pump:
-    """Collects one exec's demuxed output in a reader thread, each stream capped.
+    """Collects one exec's demuxed output in a reader thread, each stream capped: past the cap,
+    its first half and its last half are kept (a long run's end is where it failed) and what
+    lay between is counted and dropped, marked where it was.
 
     ``close()`` stops collection and returns what was kept: after it, the reader thread
     (which may still be draining a killed command's pipe) changes nothing the caller reads."""
@@ -140,10 +142,12 @@ class _Pump:
     def __init__(self, stream: Any, cap: int, on_stdout: Any = None):
         self._stream = stream
         self._cap = cap
+        self._tail_cap = cap // 2
         self._on_stdout = on_stdout
         self._lock = threading.Lock()
         self._closed = False
-        self.bufs = {"out": bytearray(), "err": bytearray()}
+        self.bufs = {"out": bytearray(), "err": bytearray()}  # the head, up to cap - tail_cap
+        self.tails = {"out": bytearray(), "err": bytearray()}  # the last bytes past the head (trimmed as it grows)
         self.counts = {"out": 0, "err": 0}
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="harness-exec-pump", daemon=True)
@@ -165,18 +169,36 @@ class _Pump:
                         if key == "out" and self._on_stdout is not None:
                             self._on_stdout(chunk)
                             continue
-                        room = self._cap - len(self.bufs[key])
-                        if room > 0:
-                            self.bufs[key] += chunk[:room]
+                        self._keep(key, chunk)
         except BaseException as e:  # the stream breaks when the engine goes away
             with self._lock:
                 self.error = e
 
-    def close(self) -> tuple[bytes, bytes, dict[str, int], BaseException | None]:
+    def _keep(self, key: str, chunk: bytes) -> None:
+        head = self.bufs[key]
+        room = self._cap - self._tail_cap - len(head)
+        if room > 0:
+            head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk and self._tail_cap:
+            tail = self.tails[key]
+            tail += chunk[-2 * self._tail_cap:]
+            if len(tail) > 2 * self._tail_cap:  # trimmed in halves: amortized, not per chunk
+                del tail[:len(tail) - self._tail_cap]
+
+    def kept(self, key: str) -> tuple[bytes, int]:
+        """(the bytes kept, how many were dropped between head and tail) of a stream."""
+        head, tail = bytes(self.bufs[key]), bytes(self.tails[key])
+        dropped = self.counts[key] - len(head) - len(tail)
+        if dropped <= 0:
+            return head + tail, 0
+        tail = tail[-self._tail_cap:] if self._tail_cap else b""
+        return head + tail, self.counts[key] - len(head) - len(tail)
+
+    def close(self) -> tuple[tuple[bytes, int], tuple[bytes, int], dict[str, int], BaseException | None]:
         with self._lock:
             self._closed = True
-            return bytes(self.bufs["out"]), bytes(self.bufs["err"]), dict(self.counts), self.error
-
+            return self.kept("out"), self.kept("err"), dict(self.counts), self.error
 
 
 _DATA_DEVICE: dict[int, tuple[str, str] | None] = {}
@@ -232,19 +254,21 @@ class DockerSandbox(Sandbox):
     def _mounts(self) -> dict[str, dict[str, str]]:
         spec = self.spec
         bind_trees = {} if spec.writable_root else spec.trees
+        if not spec.inputs and not spec.with_grade_dir and not spec.late_dirs and not bind_trees and not self.isolated:
+            return {}
         root = spec.inputs_root or Path(os.environ.get("HARNESS_HOME", ".harness")) / "inputs"
-        volumes: dict[str, dict[str, str]] = {}
-        if self.isolated:
-            try:
-                volumes[str(hosts_file(root.resolve()))] = {"bind": "/etc/hosts", "mode": "ro"}
-            except OSError as e:
-                raise SandboxError(f"cannot write the sandbox hosts file under {root}: {e}; set HARNESS_HOME to a folder you own") from None
-        if not spec.inputs and not spec.with_grade_dir and not spec.late_dirs and not bind_trees:
-            return volumes
         try:
             self._folder = input_folder(root.resolve(), self.name)
         except OSError as e:
             raise SandboxError(f"cannot make the input folder under {root}: {e}; set HARNESS_HOME to a folder you own") from None
+        volumes: dict[str, dict[str, str]] = {}
+        if self.isolated:  # the engine writes no /etc/hosts for a sandbox without a network
+            hosts = self._folder / "hosts"
+            hosts.write_bytes(HOSTS)
+            hosts.chmod(0o444)
+            volumes[str(hosts)] = {"bind": "/etc/hosts", "mode": "ro"}
+        if not spec.inputs and not spec.with_grade_dir and not spec.late_dirs and not bind_trees:
+            return volumes
 
         def folder(sub: str, at: str) -> Path:
             d = self._folder / sub
@@ -673,7 +697,7 @@ class DockerSandbox(Sandbox):
                     pump.thread.join(timeout=5)
                     break
         wall = (exited_at or time.monotonic()) - t0
-        out_b, err_b, counts, error = pump.close()
+        (out_b, out_cut), (err_b, err_cut), counts, error = pump.close()
         exit_code = None
         try:
             info = api.exec_inspect(ex["Id"])
@@ -683,15 +707,18 @@ class DockerSandbox(Sandbox):
         except (docker.errors.DockerException, requests.RequestException):
             pass
 
-        def text(key: str, b: bytes) -> tuple[str, bool]:
-            trunc = counts[key] > len(b) and not (key == "out" and on_stdout)
-            s = b.decode("utf-8", errors="replace")
-            if trunc:
-                s += f"\n[harness: truncated, {counts[key] - len(b)} more bytes dropped; cap {format_size(cap)}]"
-            return s, trunc
+        def text(key: str, b: bytes, cut: int) -> tuple[str, bool]:
+            if key == "out" and on_stdout:
+                return b.decode("utf-8", errors="replace"), False
+            if not cut:
+                return b.decode("utf-8", errors="replace"), False
+            at = len(b) - (cap // 2)  # where the dropped middle was
+            head, tail = b[:at].decode("utf-8", errors="replace"), b[at:].decode("utf-8", errors="replace")
+            return (f"{head}\n[harness: truncated, {cut} bytes dropped here; cap {format_size(cap)}: "
+                    f"its first and last halves kept]\n{tail}"), True
 
-        out, out_tr = text("out", out_b)
-        err, err_tr = text("err", err_b)
+        out, out_tr = text("out", out_b, out_cut)
+        err, err_tr = text("err", err_b, err_cut)
         if error is not None and exit_code is None:
             err += f"\n[harness: output stream broke: {type(error).__name__}: {str(error)[:200]}]"
         return ExecResult(

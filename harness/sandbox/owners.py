@@ -121,25 +121,10 @@ def input_folder(root: Path, name: str) -> Path:
     return d
 
 
-# /etc/hosts of a sandbox without a network: the engine writes none for it (NetworkDisabled),
-# and an image's own may be empty, so `localhost` would not resolve
+# /etc/hosts of a sandbox without a network (a read-only file in its input folder): the engine
+# writes none for it (NetworkDisabled), and an image's own may be empty, so `localhost` would
+# not resolve
 HOSTS = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-
-
-def hosts_file(root: Path) -> Path:
-    """The read-only hosts file bound at /etc/hosts of sandboxes without a network: one per
-    input root, written once (atomically, so concurrent controllers never bind half a file)."""
-    f = _safe_root(root) / "hosts"
-    try:
-        if f.read_bytes() == HOSTS and not f.is_symlink():
-            return f
-    except OSError:
-        pass
-    tmp = f.with_name(f"hosts.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_bytes(HOSTS)
-    tmp.chmod(0o444)
-    os.replace(tmp, f)
-    return f
 
 
 def sweep_input_folders(root: Path) -> list[str]:
