@@ -21,7 +21,7 @@ from harness.engine import scheduler
 from harness.engine.runner import refill_plan
 from harness.engine.scheduler import CpuPool
 from harness.measure import cgroup
-from harness.measure.host import busy_cores, parse_diskstats
+from harness.measure.host import CoreProbe, busy_cores, parse_diskstats
 from harness.model.attempt import AttemptRecord
 from harness.model.counters import CounterDelta, HostDelta
 from harness.model.profile import SLA
@@ -45,6 +45,27 @@ def test_probe_names_the_process_that_keeps_a_core_busy():
     time.sleep(0.2)
     after = busy_cores([core], 0.3)  # the spinner is gone (other work on a shared machine may not be)
     assert not any(f"pid {spin.pid} " in w for w in after.get(core, (0, []))[1])
+
+
+def test_a_probe_begun_early_waits_only_for_what_is_left_of_it():
+    # a run begins its probe of the trial cores at start-up and takes the result just before
+    # its first lease: start-up longer than the probe costs no wait of its own
+    core = sorted(os.sched_getaffinity(0))[-1]
+    probe = CoreProbe([core])
+    spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.6)  # the start-up
+        t0 = time.monotonic()
+        busy = probe.result(0.3)
+        waited = time.monotonic() - t0
+    finally:
+        spin.kill()
+        spin.wait()
+    assert waited < 0.1, waited  # the probe was older than its length: read at once
+    assert core in busy and any(f"pid {spin.pid} " in w for w in busy[core][1]), busy
+    t0 = time.monotonic()
+    CoreProbe([core]).result(0.3)
+    assert time.monotonic() - t0 >= 0.3  # a fresh probe still lasts its length
 
 
 def test_a_lease_waiting_for_another_controller_names_it(tmp_path, monkeypatch):

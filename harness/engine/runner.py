@@ -45,7 +45,7 @@ from harness.model.errors import HarnessError, ProfileError, RunError, StoreLost
 from harness.model.profile import Profile
 from harness.model.run import MAX_SLOTS, MAX_TRIALS, RunRecord
 from harness.model.suite import Suite, Task
-from harness.model.units import utcnow
+from harness.model.units import did_you_mean, utcnow
 from harness.sandbox.basemap import BaseMap
 from harness.sandbox.docker_backend import DockerBackend
 from harness.sandbox.docker_sandbox import connect
@@ -160,6 +160,14 @@ class Runner:
         self.reserve = reserve  # --reserve-cores, passed on to Ray nodes
         self._clearer = OrphanClearer(self.backend)
         self._local_node: dict[str, Any] | None = None
+        # the pre-run probe of the trial cores begins now and overlaps the rest of the start-up
+        # (which runs on the reserved cores); _quiet_check takes its result
+        self._probe = self._core_probe() if run.executor != "ray" else None
+
+    def _core_probe(self) -> "hoststats.CoreProbe | None":
+        if probe_seconds() <= 0:
+            return None
+        return hoststats.CoreProbe([c for c in self.pool.cpus if c not in self.pool.reserved])
 
     # -- planning --------------------------------------------------------------
     @classmethod
@@ -192,7 +200,8 @@ class Runner:
             unknown = [t for t in wanted if t not in by_id and t not in refused]
             if unknown:
                 where = suite.name if suite.root.parent.name == "suites" else str(suite.root)
-                raise RunError(f"suite {suite.name} has no task {', '.join(unknown)}; see `harness suites {where}`")
+                hint = did_you_mean(unknown[0], [*by_id, *refused]) if len(unknown) == 1 else ""
+                raise RunError(f"suite {suite.name} has no task {', '.join(unknown)}{hint}; see `harness suites {where}`")
             refused = {t: refused[t] for t in wanted if t in refused}
             tasks = [by_id[t] for t in dict.fromkeys(wanted) if t in by_id]  # a repeated id runs once
             if not tasks:
@@ -384,7 +393,8 @@ class Runner:
             self.store.add_run(self.run)
         self.artifacts.mkdir(parents=True, exist_ok=True)
         # containers and input folders of a dead controller are leftovers: remove them before leasing cores
-        self.backend.sweep_dead_owners()
+        if self.backend.sweep_dead_owners() and self._probe is not None:
+            self._probe = self._core_probe()  # what was removed kept the cores busy until now, not after
         if self.run.executor == "ray":
             from harness.engine.ray_executor import sweep_nodes
 
@@ -406,8 +416,11 @@ class Runner:
         cores = [c for c in self.pool.cpus if c not in self.pool.reserved]
         deadline = time.monotonic() + (wait_s or 0.0)
         said = False
+        probe = self._probe if self._probe is not None and self._probe.age() < PROBE_FRESH_S else None
+        self._probe = None
         while not self._stop.is_set():
-            busy = hoststats.busy_cores(cores, probe_s)
+            busy = (probe or hoststats.CoreProbe(cores)).result(probe_s)
+            probe = None
             if not busy:
                 if said:
                     sink.notice("the trial cores are quiet now; starting")
@@ -805,6 +818,9 @@ def images_needed(suite: Suite, prep: Prepared) -> list[str]:
 
 
 PROBE_MAX_S = 10.0
+
+
+PROBE_FRESH_S = 10.0  # a probe begun at start-up longer ago than this is taken afresh
 
 
 def probe_seconds() -> float:

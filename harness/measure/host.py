@@ -317,32 +317,52 @@ def _proc_times(proc_root: str) -> dict[int, tuple[str, int, int]]:
     return out
 
 
+class CoreProbe:
+    """How busy ``cores`` are from now until :meth:`result`: begun early (the controller's own
+    start-up runs on its reserved cores), it costs a run no wait of its own."""
+
+    def __init__(self, cores: list[int], proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK):
+        import time
+
+        self.cores, self.proc_root, self.clk_tck = list(cores), str(proc_root), clk_tck
+        self.t0 = time.monotonic()
+        self._a = parse_proc_stat(_read(os.path.join(self.proc_root, "stat")) or "", clk_tck)
+        self._pa = _proc_times(self.proc_root)
+
+    def age(self) -> float:
+        import time
+
+        return time.monotonic() - self.t0
+
+    def result(self, seconds: float, threshold: float = 0.5) -> dict[int, tuple[float, list[str]]]:
+        """Cores busier than ``threshold`` over the probe, which lasts at least ``seconds``
+        (slept out here if less has passed): core -> (busy share, the processes that ran on it
+        most, as "pid N name (share)"). A quiet machine gives {}."""
+        import time
+
+        time.sleep(max(0.0, max(0.05, seconds) - self.age()))
+        b = parse_proc_stat(_read(os.path.join(self.proc_root, "stat")) or "", self.clk_tck)
+        pb = _proc_times(self.proc_root)
+        wall_us = max(1.0, self.age() * 1e6)
+        out: dict[int, tuple[float, list[str]]] = {}
+        me = os.getpid()
+        for c in self.cores:
+            share = max(0, b.busy_us.get(c, 0) - self._a.busy_us.get(c, 0)) / wall_us
+            if share <= threshold:
+                continue
+            who = []
+            for pid, (name, ticks, cpu) in pb.items():
+                if cpu != c or pid == me:
+                    continue
+                # a process started since the probe began spent all its time inside it
+                used = (ticks - (self._pa[pid][1] if pid in self._pa else 0)) * 1e6 / self.clk_tck / wall_us
+                if used >= 0.05:
+                    who.append((used, f"pid {pid} {one_line(name)} ({used:.0%})"))
+            out[c] = (min(1.0, share), [w for _, w in sorted(who, reverse=True)[:3]])
+        return out
+
+
 def busy_cores(cores: list[int], seconds: float, threshold: float = 0.5, proc_root: str | os.PathLike = "/proc",
                clk_tck: int = _CLK_TCK) -> dict[int, tuple[float, list[str]]]:
-    """Cores busier than ``threshold`` over a ``seconds`` probe: core -> (busy share, the
-    processes that ran on it most, as "pid N name (share)"). A quiet machine gives {}."""
-    import time
-
-    proc_root = str(proc_root)
-    t0 = time.monotonic()
-    a = parse_proc_stat(_read(os.path.join(proc_root, "stat")) or "", clk_tck)
-    pa = _proc_times(proc_root)
-    time.sleep(max(0.05, seconds))
-    b = parse_proc_stat(_read(os.path.join(proc_root, "stat")) or "", clk_tck)
-    pb = _proc_times(proc_root)
-    wall_us = max(1.0, (time.monotonic() - t0) * 1e6)
-    out: dict[int, tuple[float, list[str]]] = {}
-    me = os.getpid()
-    for c in cores:
-        share = max(0, b.busy_us.get(c, 0) - a.busy_us.get(c, 0)) / wall_us
-        if share <= threshold:
-            continue
-        who = []
-        for pid, (name, ticks, cpu) in pb.items():
-            if cpu != c or pid == me or pid not in pa:
-                continue
-            used = (ticks - pa[pid][1]) * 1e6 / clk_tck / wall_us
-            if used >= 0.05:
-                who.append((used, f"pid {pid} {one_line(name)} ({used:.0%})"))
-        out[c] = (min(1.0, share), [w for _, w in sorted(who, reverse=True)[:3]])
-    return out
+    """Cores busier than ``threshold`` over a ``seconds`` probe begun now (see :class:`CoreProbe`)."""
+    return CoreProbe(cores, proc_root, clk_tck).result(seconds, threshold)
