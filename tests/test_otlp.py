@@ -180,6 +180,9 @@ def test_export_sends_the_stored_run_as_one_tree(otel_run):
     assert ra["harness.cgroup_version"] == run.cgroup_version and ra["harness.run.status"] == "complete"
     assert ra["harness.secrets"] == ["OPENAI_API_KEY"]  # the name, never the value
     assert root["resource"]["service.name"] == "harness" and root["resource"]["harness.run_id"] == run_id
+    # the same instance id live and after the fact (an export sent again is the same instance)
+    live_ids = {s["resource"]["service.instance.id"] for s in otel_run["live"].spans}
+    assert live_ids == {s["resource"]["service.instance.id"] for s in spans} and len(live_ids) == 1
 
     slots = [s for s in spans if s["name"].startswith("slot ")]
     assert sorted(s["name"] for s in slots) == ["slot duplicate-charge", "slot outside-window"]

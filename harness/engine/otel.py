@@ -37,6 +37,7 @@ import logging
 import os
 import re
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -659,7 +660,9 @@ class _Emitter:
         self.trace = trace_id(run.id)
         self.provider = TracerProvider(
             sampler=ALWAYS_ON, id_generator=_Planned(), shutdown_on_exit=False,
-            resource=Resource.create({"service.name": "harness", "service.version": run.harness_version, "harness.run_id": run.id}),
+            # the instance is the run: its live trace and every later export of it say the same
+            resource=Resource.create({"service.name": "harness", "service.version": run.harness_version, "harness.run_id": run.id,
+                                      "service.instance.id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"harness:run:{run.id}"))}),
             span_limits=SpanLimits(max_span_attributes=4096, max_attribute_length=TEXT_CAP, max_events=16, max_event_attributes=64))
         self.provider.add_span_processor(processor)
         import harness
