@@ -45,6 +45,9 @@ def copy_probe(tmp_path: Path) -> Path:
 def test_unknown_suite(tmp_path):
     r = harness(tmp_path, "run", "--suite", "no-such-suite", "--db", db(tmp_path))
     assert_usage_error(r, tmp_path, "no-such-suite")
+    assert "did you mean" not in r.stderr
+    r = harness(tmp_path, "run", "--suite", "refund", "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "unknown suite 'refund' (did you mean 'refunds'?)")
 
 
 def test_broken_suite_names_file_and_key(tmp_path):
@@ -113,6 +116,8 @@ def test_cpuset_out_of_range(tmp_path):
 def test_unknown_task(tmp_path):
     r = harness(tmp_path, "run", "--suite", str(PROBE), "--tasks", "append,nope", "--db", db(tmp_path))
     assert_usage_error(r, tmp_path, "no task nope")
+    r = harness(tmp_path, "run", "--suite", "refunds", "--tasks", "duplicate-charg", "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, "no task duplicate-charg (did you mean 'duplicate-charge'?)")
 
 
 def test_missing_image_hints_make_images(tmp_path, docker_client):
@@ -214,7 +219,10 @@ def test_sandbox_exec_of_an_image_not_here_is_a_usage_error(tmp_path, docker_cli
 @pytest.mark.parametrize("args,needles", [
     (["run", "--trials", "x"], ["error:", "'--trials'", "harness run --help`"]),
     (["run", "--no-such-option"], ["No such option: --no-such-option", "harness run --help`"]),
-    (["reprot"], ["No such command 'reprot'", "report", "harness --help`"]),
+    (["reprot"], ["No such command 'reprot' (did you mean 'report'?)", "harness --help`"]),
+    (["diff", "a", "b"], ["No such command 'diff' (did you mean `", "harness compare`?)"]),
+    (["run", "--suite", "refunds", "--k", "1,,2"], ["--k '1,,2': an empty value between commas"]),
+    (["run", "--suite", "refunds", "--k", "1,two"], ["--k '1,two': expected integers like 1,2,4"]),
     (["gate"], ["Missing argument", "harness gate --help`"]),
     (["report", "--format", "xml"], ["'xml' is not one of", "harness report --help`"]),
 ])
@@ -245,3 +253,24 @@ def test_an_empty_run_id_is_refused_as_such(tmp_path):
     for args in (["report", ""], ["run", "--resume", " "], ["gate", "", "--require", "pass@1>=0.5"]):
         r = harness(tmp_path, *args, "--db", url)
         assert r.returncode == 2 and "empty run id" in r.stderr and "ambiguous" not in r.stderr, (args, r.stderr)
+
+
+def test_help_prose_is_reflowed_and_examples_keep_their_lines():
+    from harness.cli.app import reflow_help
+
+    doc = ("Run a suite.\n\nEach attempt is judged; discarded ones are\nrerun and kept as evidence.\n\n"
+           "Rules:\n- one item that goes\n  on a second line\n- another\n\nExamples:\n\n  harness run --suite refunds\n\n"
+           "  harness run --resume last\n")
+    assert reflow_help(doc) == ("Run a suite.\n\nEach attempt is judged; discarded ones are rerun and kept as evidence.\n\n"
+                                "Rules:\n- one item that goes on a second line\n- another\n\nExamples:\n\n  harness run --suite refunds\n\n"
+                                "  harness run --resume last")
+
+
+def test_help_at_80_columns_has_no_line_broken_by_the_source(tmp_path):
+    # the docstrings' own line breaks used to survive, so at 80 columns a long source line wrapped
+    # into a full line and a stub of a word or two ("and kept", "stored.")
+    env = {**os.environ, "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--help"], capture_output=True, text=True, env=env, timeout=60)
+    prose = r.stdout.split("Examples:")[0].splitlines()
+    stubs = [ln for ln in prose if 0 < len(ln.strip()) <= 12 and not ln.strip().startswith(("Usage", "harness"))]
+    assert not stubs, stubs

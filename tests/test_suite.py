@@ -159,6 +159,9 @@ def _edit(path: Path, old: str, new: str) -> None:
         ("suite.toml", 'agent_cmd = ["true"]', 'agent_cmd = ["true"]\ndockerfile = "../Dockerfile"',
          "suite.toml: dockerfile: '../Dockerfile' is outside the suite directory"),
         ("sql/rows.sql", "INSERT INTO notes", "INSERT INTO nowhere", "suite.toml: state_sql.1: sql/rows.sql: SQL error: no such table: nowhere"),
+        # a misspelt key inside an [[expect]] table (a member of a tagged union) gets its "did you mean"
+        ("tasks/refund-one.toml", 'rows = [[1004, 2000]]', 'rowz = [[1004, 2000]]',
+         "tasks/refund-one.toml: expect.0.rowz: unknown key (did you mean 'rows'?)"),
         ("tasks/refund-one.toml", 'rows = [[1004, 2000]]', 'rows = [[1004, 2000]]\ncount = 1',
          "tasks/refund-one.toml: expect.0: give exactly one of `rows` or `count`"),
         ("tasks/refund-one.toml", 'rows = [[1004, 2000]]', 'rows = [[1004]]',

@@ -21,7 +21,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from harness.model.errors import CheckFailed, HarnessError, InfraError, UsageError
-from harness.model.units import printable
+from harness.model.units import did_you_mean, printable
 
 EXIT_FAIL, EXIT_USAGE, EXIT_INFRA = CheckFailed.exit_code, UsageError.exit_code, InfraError.exit_code
 
@@ -83,6 +83,50 @@ def print_error(e: HarnessError) -> None:
     err.print(f"[bold red]error:[/] {escape(printable(str(e)))}", highlight=False, soft_wrap=True)
 
 
+_ITEM = re.compile(r"^(?:[-*•] |\d+[.)] |\S+:  )")
+
+
+def reflow_help(text: str | None) -> str | None:
+    """A docstring's prose as paragraphs the terminal wraps: the source's line breaks inside a
+    paragraph joined (rich keeps them, so at 80 columns every long source line wrapped twice);
+    indented lines (examples) and list items keep their lines."""
+    if not text:
+        return text
+    out: list[str] = []
+    for para in re.split(r"\n\s*\n", text.strip("\n")):
+        lines = para.split("\n")
+        if lines[0][:1].isspace():  # an example block: as written
+            out.append(para)
+            continue
+        joined: list[str] = []
+        for line in lines:
+            if joined and not _ITEM.match(line) and not line[:1].isspace():
+                joined[-1] += " " + line.strip()
+            elif joined and line[:1].isspace() and not line.strip()[:1] in "-*•" and _ITEM.match(joined[-1].strip()):
+                joined[-1] += " " + line.strip()  # a list item's continuation
+            else:
+                joined.append(line.rstrip())
+        out.append("\n".join(joined))
+    return "\n\n".join(out)
+
+
+def _reflow_all(group: Any, ctx: Any) -> None:
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if cmd is None or getattr(cmd, "_reflowed", False):
+            continue
+        cmd.help = reflow_help(cmd.help)
+        cmd._reflowed = True
+        if hasattr(cmd, "list_commands"):
+            _reflow_all(cmd, ctx)
+
+
+# what other tools call a command of ours
+COMMAND_SYNONYMS = {"diff": "compare", "list": "runs", "ls": "runs", "history": "runs", "exec": "sandbox exec", "eval": "run",
+                    "test": "run", "check": "doctor", "build": "images build", "inspect": "show", "attempts": "trials",
+                    "logs": "show", "clean": "gc", "prune": "gc", "push": "export", "otlp": "export"}
+
+
 class HarnessGroup(TyperGroup):
     """The command group: maps every HarnessError raised below it to its exit code, and a
     command line that does not parse (unknown option, bad value) to one line, exit 2."""
@@ -93,6 +137,8 @@ class HarnessGroup(TyperGroup):
         from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError as ClickUsage
         from typer.exceptions import Abort
 
+        _reflow_all(self, None)
+        self.help = reflow_help(self.help)
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
         except NoArgsIsHelpError as e:  # `harness`, `harness sandbox`: the help was printed
@@ -106,6 +152,20 @@ class HarnessGroup(TyperGroup):
             err.print("aborted", highlight=False)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """An unknown command names the one meant: a close spelling, or the word other tools use."""
+        from typer._click.exceptions import UsageError as ClickUsage
+
+        try:
+            return super().resolve_command(ctx, args)
+        except ClickUsage as e:
+            name = args[0] if args else ""
+            meant = COMMAND_SYNONYMS.get(name.lower())
+            hint = f" (did you mean `{ctx.command_path} {meant}`?)" if meant else did_you_mean(name, self.list_commands(ctx))
+            if not hint:
+                raise
+            raise ClickUsage(f"No such command {name!r}{hint}", ctx=ctx) from None
 
     def invoke(self, ctx: Any) -> Any:
         try:

@@ -24,7 +24,9 @@ def export(
     otlp_header: list[str] = typer.Option([], "--otlp-header", help=OTLP_HEADER_HELP),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
-    """Send a stored run to an OpenTelemetry collector as one trace (OTLP/HTTP, protobuf).
+    """Send a stored run to an OpenTelemetry collector as one trace.
+
+    OTLP over HTTP, protobuf.
 
     Spans: the run (its identity) > one per slot (task x trial) > one per
     attempt, discarded ones too (envelope asked and read back, cgroup and

@@ -50,7 +50,7 @@ from harness.report.views import (
     trial_row,
     upstream_lines,
 )
-from harness.model.units import format_size, one_line, printable_line
+from harness.model.units import did_you_mean, format_size, one_line, printable_line
 from harness.report.artifacts import ARTIFACT_FILES, OPTIONAL_FILES, read_artifacts
 from harness.report.usage import attempt_usage
 
@@ -137,7 +137,8 @@ def trials(
     r = _run_or_die(store, run or "last")
     unknown = [t for t in task if t not in (r.task_ids or [])]
     if unknown:
-        die(f"run {r.id} has no task {', '.join(unknown)}; its tasks: {', '.join(r.task_ids or []) or 'none'}")
+        hint = did_you_mean(unknown[0], r.task_ids or []) if len(unknown) == 1 else ""
+        die(f"run {r.id} has no task {', '.join(unknown)}{hint}; its tasks: {', '.join(r.task_ids or []) or 'none'}")
     th = Thresholds.from_profile(r.profile_json)
     rows = [trial_row(a, th, table_prices) for a in store.attempts(r.id)]
     if task:
@@ -501,7 +502,7 @@ def _print_verifier_and_services(a: Any, r: Any) -> None:
 
 # ----------------------------------------------------------------------------- samples
 
-SAMPLES_HELP = f"""Export the raw saturation time series (~5 Hz) of an attempt or a run.
+SAMPLES_HELP = f"""Export the ~5 Hz saturation time series of an attempt or a run.
 
 A number is an attempt id; anything else is a run id, unique prefix or `last` (then every
 attempt's samples, ordered by attempt and time). Counters are cumulative as the kernel
@@ -589,7 +590,7 @@ def gc(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
-    """Free disk: remove the artifact folders of old runs (rows kept unless --purge).
+    """Free disk: remove old runs' artifacts (rows kept unless --purge).
 
     Removes the artifact folders (stdout, stderr, final state, transcripts) of runs created
     before the given age and prints what that frees. Rows stay unless --purge: attempts are

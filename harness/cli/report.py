@@ -120,7 +120,9 @@ def report(
     prices: Optional[Path] = typer.Option(None, "--prices", help=PRICES_HELP),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
-    """Report one run, recomputed from its stored attempts (nothing cached).
+    """Report one run, recomputed from its stored attempts.
+
+    Nothing is cached: every figure comes from the attempts as stored now.
 
     Identity of the run; per-task ✓/✗ rows, worst first, with pass@1 and its
     Wilson CI, pass^k and failure kinds; suite pass@1 / pass@k / pass^k with
@@ -207,7 +209,9 @@ def gate(
                                           "slots measured so far (by default its slots not run yet fail the gate)."),
     json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
-    """Check a run against requirements; exit 0 if all hold, 1 if one fails.
+    """Check a run against requirements (exit 1 if one fails).
+
+    Exit 0 if all hold, 1 if one fails.
 
     METRIC OP VALUE: METRIC is pass@K or pass^K (pass@1 = single-try rate),
     OP one of >= > <= < ==, VALUE in [0, 1]; K may be any k up to the run's trials (the
@@ -364,15 +368,15 @@ def compare(
     b, att_b = _load(store, run_b)
     if a.id == b.id:
         die(f"run {a.id} compared with itself; pass two different runs")
-    if a.trials != b.trials:
+    blocking, _ = identity_differences(a, b, att_a, att_b)
+    if blocking and not allow_mismatch:
+        die(f"runs {a.id} and {b.id} are not comparable: " + "; ".join(blocking) + " -- pass --allow-mismatch to compare anyway")
+    if a.trials != b.trials:  # only for runs that will be compared
         err.print(
             f"[yellow]warning:[/] runs have {a.trials} and {b.trials} trials per task; per-task rates are comparable, "
             "pass^k intervals are not equally tight",
             highlight=False,
         )
-    blocking, _ = identity_differences(a, b, att_a, att_b)
-    if blocking and not allow_mismatch:
-        die(f"runs {a.id} and {b.id} are not comparable: " + "; ".join(blocking) + " -- pass --allow-mismatch to compare anyway")
     try:
         stored = [(r, store.attempts(r.id)) for r in store.runs_with_identity(a.identity_hash) if r.id not in (a.id, b.id)] \
             if a.identity_hash else []

@@ -310,13 +310,15 @@ def print_run_notes(r: Any) -> None:
 
 
 def _parse_ks(text: str) -> list[int]:
+    parts = [x.strip() for x in text.split(",")]
+    if not any(parts):
+        die("--k needs at least one value, e.g. --k 1,2,4")
+    if "" in parts:
+        die(f"--k {text!r}: an empty value between commas; expected integers like 1,2,4")
     try:
-        ks = [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in parts]
     except ValueError:
         die(f"--k {text!r}: expected integers like 1,2,4")
-    if not ks:
-        die("--k needs at least one value")
-    return ks
 
 
 def print_summary(s: dict[str, Any]) -> None:
@@ -384,7 +386,9 @@ def runs(
     limit: int = typer.Option(30, "--limit", help="Most recent N runs."),
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
-    """List runs with their identity summary (suite hash, image, profile, cgroup version).
+    """List runs and their identity (suite, image, profile, cgroup).
+
+    The identity summary: suite hash, image, profile, cgroup version.
 
     Example:  harness runs --limit 5
     """
@@ -463,7 +467,9 @@ def sweep(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     json_out: bool = typer.Option(False, "--json", help="One JSON document."),
 ) -> None:
-    """Run a suite under several envelopes and show how much the score moves with resources alone.
+    """Run a suite under several envelopes: what resources alone move.
+
+    Shows how much the score moves with the envelope and nothing else.
 
     Same tasks, same seeds under each envelope: per envelope pass@1 and pass^k with CIs,
     failure kinds, timeouts and OOM kills, discarded share, and the paired difference from

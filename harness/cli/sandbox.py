@@ -20,7 +20,9 @@ def doctor(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The cluster to check (HOST:PORT of its head; else "
                                               "$HARNESS_RAY_ADDRESS; else a one-node cluster started here)."),
 ) -> None:
-    """Check that this machine (or every node of a cluster) can run pinned trials; each problem comes with its fix.
+    """Check that this machine or cluster can run pinned trials.
+
+    Each problem comes with its fix; with --executor ray, every node of the cluster is checked.
 
     Checks: engine answers and its version, cgroup version and driver, the counters of a
     real container are readable, per-cgroup and host PSI, cores available for pinning,

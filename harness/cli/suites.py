@@ -23,7 +23,7 @@ class _SuitesGroup(HarnessGroup):
 
 
 suites_app = typer.Typer(cls=_SuitesGroup, invoke_without_command=True, add_completion=False,
-                         help="List the built-in suites, show one suite's tasks, or check every task of a suite.")
+                         help="List the built-in suites, show one, or check every task of one.")
 
 
 @suites_app.callback()
@@ -109,7 +109,7 @@ def show(
             env.append(("\n" if ov else "") + misfit[task.id], style="red")
         if task.id in nobuild:
             env.append(("\n" if env.plain else "") + "image: " + nobuild[task.id], style="red")
-        t.add_row(task.id, Text(task.title[:70]), f"{task.state_kind} / {task.grader_kind}", svcs.strip(), env)
+        t.add_row(task.id, Text(task.title if len(task.title) <= 120 else task.title[:119] + "…"), f"{task.state_kind} / {task.grader_kind}", svcs.strip(), env)
     for tid, why in sorted(s.refused.items()):
         t.add_row(tid, Text(why.splitlines()[0][:200], style="red"), "cannot run here", "", "")
     console.print(t)

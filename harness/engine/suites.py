@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from harness.model.errors import SuiteError
 from harness.model.suite import SUITE_FILE, TASKS_DIR, Suite, SuiteSpec, Task
-from harness.model.units import format_validation_error
+from harness.model.units import did_you_mean, format_validation_error
 from harness.state import grader as grader_named
 from harness.state import state_kind
 
@@ -158,7 +158,8 @@ def resolve_suite_dir(name_or_path: str | Path) -> Path:
     if p.is_file() and p.name == SUITE_FILE:
         return p.parent
     raise SuiteError(
-        f"unknown suite {s!r}: not a built-in suite ({', '.join(builtin_suites()) or 'none'}) "
+        f"unknown suite {s!r}{did_you_mean(s, builtin_suites()) if '/' not in s else ''}: not a built-in suite "
+        f"({', '.join(builtin_suites()) or 'none'}) "
         f"and not a directory (a {SUITE_FILE}, or Harbor / Terminal-Bench task.toml / task.yaml task directories)"
     )
 

@@ -10,9 +10,9 @@ import difflib
 import gc
 import re
 from contextlib import contextmanager
-from typing import Annotated, Any, Iterator, get_args
+from typing import Annotated, Any, Iterator, Literal, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, WithJsonSchema, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Tag, ValidationError, WithJsonSchema, model_validator
 
 MiB = 1024 * 1024
 MEMORY_FLOOR = 16 * MiB  # below this the kernel and python3 itself do not fit
@@ -63,22 +63,38 @@ ByteSize = Annotated[
 
 
 def _owner(model: Any, loc: tuple) -> Any:
-    """The model class that holds the last key of ``loc`` (list indexes skipped), or None."""
+    """The model class that holds the last key of ``loc`` (list indexes skipped; a union's tag,
+    such as ``expectations`` or ``sql``, picks the member it names), or None."""
+    cands: list[tuple[Any, set[str]]] = [(model, set())]
     for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
+        if isinstance(part, int):
             continue
-        field = model.model_fields.get(part)
-        if field is None:
+        tagged = [(m, t) for m, t in cands if part in t]
+        if tagged and not any(part in m.model_fields for m, _ in cands):
+            cands = tagged
+            continue
+        nxt: list[tuple[Any, set[str]]] = []
+        for m, _ in cands:
+            field = m.model_fields.get(part)
+            if field is not None:
+                nxt += _members(field.annotation)
+        if not nxt:
             return None
-        model = next((t for t in _classes(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)), None)
-    return model
+        cands = nxt
+    return cands[0][0] if cands else None
 
 
-def _classes(annotation: Any) -> list[Any]:
-    out = [annotation]
-    for arg in get_args(annotation):
-        out += _classes(arg)
-    return out
+def _members(annotation: Any, tags: frozenset[str] = frozenset()) -> list[tuple[Any, set[str]]]:
+    """The model classes an annotation may hold, each with the tags that select it in a union
+    (a ``Tag`` beside it, or the value of its one-valued ``Literal`` fields such as ``kind``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        own = {str(v) for f in annotation.model_fields.values() if get_origin(f.annotation) is Literal
+               for v in get_args(f.annotation)[:1] if len(get_args(f.annotation)) == 1}
+        return [(annotation, set(tags) | own)]
+    args = get_args(annotation)
+    if get_origin(annotation) is Annotated:
+        return _members(args[0], tags | {m.tag for m in args[1:] if isinstance(m, Tag)})
+    return [x for a in args for x in _members(a, tags)]
 
 
 # discriminated unions put their tag in an error's location: state.<kind>.x, grader.<kind>.x, expect.0.<sql|file>.x
@@ -106,17 +122,24 @@ def clean_loc(loc: tuple, short: set[str] | None = None) -> tuple:
     return tuple(out)
 
 
+def did_you_mean(word: str, choices: Any) -> str:
+    """' (did you mean 'x'?)' for the choice closest to a mistyped ``word``, or ''."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def format_validation_error(source: str, err: ValidationError, model: Any = None, short: set[str] | None = None) -> str:
     """One line per problem: ``file: key: message``; an unknown key gets a "did you mean"
     when ``model`` has a field close to it. ``short``: top-level keys of a task's short form."""
     lines: list[tuple[bool, str]] = []
     for e in err.errors():
-        e = {**e, "loc": clean_loc(tuple(e["loc"]), short)}
+        raw = tuple(e["loc"])  # tags and long-form keys: what the models are walked by
+        e = {**e, "loc": clean_loc(raw, short)}
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
-            owner = _owner(model, tuple(e["loc"])) if model is not None else None
+            owner = _owner(model, raw) if model is not None else None
             top = list(model.model_fields) + list(getattr(model, "short_keys", ())) if model is not None else []
             key = str(e["loc"][-1])
             if len(e["loc"]) >= 3 and isinstance(e["loc"][-2], int) and key in top:
