@@ -414,3 +414,67 @@ def test_invalid_utf8_and_terminal_escapes_never_break_or_leave_the_grader(tmp_p
     assert v.status == "graded" and not v.passed
     assert "\x1b" not in text and not any(ord(ch) < 32 for ch in v.reason)
     assert v.diff.table("t").added[0]["v"] == "\ufffd("
+
+
+# an agent whose wrong answer made the grader crash or its verdict unreadable had that attempt
+# discarded as an infrastructure error and rerun: it chose which of its attempts were scored
+# (attack pass: a coin-flip agent reported pass^4 = 1.000). Whatever the final state holds,
+# the verdict is graded and valid.
+POISON = [
+    ("non-UTF-8 text", "UPDATE job SET v = CAST(x'77726f6e67ff' AS TEXT) WHERE id = 1"),
+    ("a long blob", "UPDATE job SET v = zeroblob(2000) WHERE id = 1"),
+    ("escapes in text", "UPDATE job SET v = char(27) || '[2J' || char(10) || 'clean: pass' WHERE id = 1"),
+    ("wide rows", "INSERT INTO job VALUES (2, '" + "w" * 300 + "'), (3, '" + "x" * 300 + "')"),
+]
+
+
+@pytest.mark.parametrize("what, agent_sql", POISON, ids=[p[0] for p in POISON])
+def test_a_wrong_answer_is_graded_a_failure_whatever_its_bytes(tmp_path, what, agent_sql):
+    sql = "CREATE TABLE job (id INTEGER PRIMARY KEY, v); INSERT INTO job VALUES (1, 'todo');"
+    final = build(sql, tmp_path / "s.db")
+    run_sql(final, agent_sql)
+    wide = ", ".join(["v"] * 8)  # an honest wrong answer on a wide expectation: a long detail
+    task = Task.model_validate({"id": "x", "title": "t", "prompt": "p", "allow": ["job"],
+                                "expect": [{"name": "done", "query": f"SELECT id, {wide} FROM job", "rows": [[1, *["done"] * 8]]}]})
+    text = g.fit(g.grade(grade_spec(task), fixture_file(sql), str(final)))
+    text.encode("utf-8")  # valid UTF-8, as the controller reads it
+    v = Verdict.model_validate_json(text)
+    assert v.status == "graded" and not v.passed, v
+    check = next(c for c in v.checks if c.name == "done")
+    assert not check.passed and check.detail.startswith("done: ") and len(check.detail) <= 500
+    assert not any(ord(ch) < 32 for ch in check.detail)
+
+
+def test_a_crash_on_the_agents_state_is_ungradable_never_broken(tmp_path, monkeypatch, capsys):
+    # a grader bug that only the agent's state triggers is still the state's verdict
+    sql = "CREATE TABLE job (id INTEGER PRIMARY KEY, v); INSERT INTO job VALUES (1, 'todo');"
+    final = build(sql, tmp_path / "s.db")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({**grade_spec(Task(id="x", title="t", prompt="p")), "fixture_path": fixture_file(sql),
+                                "state_path": str(final)}))
+
+    def boom(*a, **k):
+        raise KeyError("a state the grader did not expect")
+
+    monkeypatch.setattr(g, "diff_states", boom)
+    assert g.main(["g", str(spec)]) == 0
+    v = Verdict.model_validate_json(capsys.readouterr().out)
+    assert v.status == "ungradable" and "KeyError" in v.reason
+    spec.write_text(json.dumps({**grade_spec(Task(id="x", title="t", prompt="p")), "fixture_path": str(tmp_path / "none.db"),
+                                "state_path": str(final)}))
+    assert g.main(["g", str(spec)]) == g.EXIT_BROKEN  # its own fixture missing: the grader's, never the agent's
+
+
+@pytest.mark.parametrize("stdout, truncated, says", [
+    ('{"version": 1, "status": "graded", "passed": false, "checks": [{"name": "x", "kind": "expect", "passed": false, '
+     '"detail": "' + "d" * 700 + '"}]}', False, "malformed"),
+    ("{" * 10, False, "malformed"),
+    ("{}", True, "over its cap"),
+])
+def test_a_verdict_the_controller_cannot_take_is_ungradable_never_a_discard(tiny, stdout, truncated, says):
+    from harness.model.sandbox import ExecResult
+    from harness.state.expectations import ExpectationsGrader
+
+    res = ExecResult(cmd=["g"], exit_code=0, wall_s=0.1, stdout=stdout, stdout_truncated=truncated, stdout_bytes=len(stdout))
+    r = ExpectationsGrader().read(tiny.task("refund-one"), res, False, 8.0, {})
+    assert r.status == "ungradable" and not r.passed and says in r.reason

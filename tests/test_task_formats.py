@@ -465,3 +465,12 @@ def test_a_misspelt_key_is_named_before_what_it_made_fail():
     lines = format_validation_error("harness.toml", e.value, SuiteSpec).splitlines()
     assert lines[0] == "harness.toml: trails: unknown key (did you mean 'trials'?)", lines
     assert len(lines) == 2 and "exceeds trials = 1" in lines[1], lines
+
+
+def test_a_reward_value_past_any_float_is_no_number_never_a_crash():
+    # a verifier may copy the agent's answer into reward.json; 400 digits raised OverflowError
+    # in the controller, and the attempt became an infrastructure discard the agent had chosen
+    from harness.state.verifier import parse_reward
+
+    reward, values, why = parse_reward(b'{"reward": 0, "answer": 1' + b"0" * 400 + b"}", None)
+    assert reward is None and values == {} and why == "reward.json: 'answer' is not a finite number"

@@ -190,6 +190,10 @@ def test_verifier_shared_and_separate_rewards_and_tampering(docker_client, tmp_p
     harbor(s, "hang", "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\nsleep 600\n", verifier="timeout_sec = 3.0")
     harbor(s, "garbage", "#!/bin/bash\necho 'all good!' > /logs/verifier/reward.txt\n")
     harbor(s, "json", "#!/bin/bash\necho '{\"reward\": 0.75, \"style\": 1.0}' > /logs/verifier/reward.json\n")
+    # a verifier that copies the agent's answer into reward.json: 400 digits are no float (the
+    # controller's OverflowError made the attempt an infrastructure discard the agent chose)
+    harbor(s, "huge", "#!/bin/bash\necho \"{\\\"reward\\\": 0, \\\"answer\\\": 1$(printf '0%.0s' $(seq 400))}\" "
+                      "> /logs/verifier/reward.json\n")
     harbor(s, "ctrf", """\
         #!/bin/bash
         echo "verifier says hi"
@@ -241,6 +245,10 @@ def test_verifier_shared_and_separate_rewards_and_tampering(docker_client, tmp_p
 
     garbage = tasks["garbage"]
     assert garbage.failure_kind == "ungradable" and "reward.txt is not one number" in garbage.grade_reason
+
+    huge = tasks["huge"]
+    assert huge.verdict == "clean" and huge.failure_kind == "ungradable" and "'answer' is not a finite number" in huge.grade_reason, \
+        (huge.verdict, huge.reasons, huge.grade_reason, huge.error)
 
     js = tasks["json"]
     assert js.outcome == "fail" and js.reward == 0.75 and js.rewards == {"reward": 0.75, "style": 1.0}

@@ -66,10 +66,14 @@ class ExpectationsGrader(Grader):
         if result.exit_code != 0:
             return GradeResult(status="broken", wall_s=wall,
                                reason=f"the grader failed (exit {result.exit_code}): {last_line(result.stderr)}")
+        # the grader ran to the end on the agent's state: a verdict it could not hand over is the
+        # state's doing (graded ungradable, a failure), never a discard the agent could choose
         if result.stdout_truncated:
-            return GradeResult(status="broken", wall_s=wall, reason=f"the grader printed more than its verdict cap ({result.stdout_bytes} bytes)")
+            return GradeResult(status="ungradable", wall_s=wall,
+                               reason=f"the grader's verdict on this state is over its cap ({result.stdout_bytes} bytes)")
         try:
             v = Verdict.model_validate_json(result.stdout)
         except ValidationError as e:
-            return GradeResult(status="broken", wall_s=wall, reason=f"the grader's verdict is malformed: {str(e).splitlines()[0][:200]}")
+            return GradeResult(status="ungradable", wall_s=wall,
+                               reason=f"the grader's verdict on this state is malformed: {str(e).splitlines()[0][:200]}")
         return GradeResult(status=v.status, passed=v.passed and v.status == "graded", reason=v.reason, verdict=v, wall_s=wall)

@@ -309,7 +309,7 @@ def check_expectation(exp: dict[str, Any], roots: list[str] | None = None) -> tu
 
 
 def _check(name: str, kind: str, passed: bool, detail: str | None = None) -> dict[str, Any]:
-    return {"name": clean(name, 200), "kind": kind, "passed": passed, "detail": detail}
+    return {"name": clean(name, 200), "kind": kind, "passed": passed, "detail": None if detail is None else clean(detail, 500)}
 
 
 def _verdict(status: str, passed: bool, reason: str | None, checks: list[dict], changes: list[dict] | None) -> dict[str, Any]:
@@ -330,10 +330,21 @@ def ungradable(reason: str) -> dict[str, Any]:
 
 
 def grade(spec: dict[str, Any]) -> dict[str, Any]:
-    """The verdict on the final trees (see the module docstring); never raises for anything the agent left."""
+    """The verdict on the final trees (see the module docstring); never raises for anything the
+    agent left (raises only when its own spec or fixture cannot be read)."""
     fx: dict[str, dict[str, Any]] = {}
     for root, tar_path in spec["paths"].items():
         fx.update(read_fixture(tar_path, root) if tar_path else {root: _entry("dir", 0o755)})
+    try:
+        return _grade_final(spec, fx)
+    except (MemoryError, RecursionError) as e:
+        return ungradable(f"the final state cannot be read within the grade envelope ({type(e).__name__})")
+    except Exception as e:  # noqa: BLE001 - whatever broke on the agent's trees is theirs: graded, never a discard
+        traceback.print_exc(limit=4, file=sys.stderr)
+        return ungradable(f"the grader could not read the final state ({type(e).__name__}: {clean(str(e), 160)})")
+
+
+def _grade_final(spec: dict[str, Any], fx: dict[str, dict[str, Any]]) -> dict[str, Any]:
     fin: dict[str, dict[str, Any]] = {}
     try:
         for root in spec["paths"]:
@@ -368,10 +379,11 @@ def main(argv: list[str]) -> int:
         verdict = grade(spec)
     except MemoryError:
         verdict = ungradable("the final state cannot be read within the grade envelope (MemoryError)")
-    except Exception:  # the grader broke on something it trusts: not the agent's fault
+    except Exception:  # the grader broke on something it trusts (its spec, the fixture): not the agent's doing
         traceback.print_exc(limit=4, file=sys.stderr)
         return EXIT_BROKEN
-    sys.stdout.write(json.dumps(verdict, separators=(",", ":"), ensure_ascii=False))
+    text = json.dumps(verdict, separators=(",", ":"), ensure_ascii=False)
+    sys.stdout.write(text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
     sys.stdout.flush()
     return 0
 

@@ -230,17 +230,21 @@ def grade(spec: dict[str, Any]) -> dict[str, Any]:
             st = connect("app")
         except psycopg2.Error as e:
             return g.ungradable(f"the final database cannot be opened: {g._one_line(str(e))}")
+        final = False  # past the fixture's mirror, what breaks is the final database's doing
         try:
             timeout_ms = int(spec.get("statement_timeout_ms") or 0)
             with st.cursor() as c:
                 if timeout_ms:
                     c.execute(f"SET statement_timeout = {timeout_ms}")
             results = []
+            final = True
             for exp in spec.get("expect") or []:
                 results.append(g.check_with(run_query(st), exp, psycopg2.Error))
                 st.rollback()
             with tempfile.TemporaryDirectory(prefix="harness-pg-grade-", dir=spec.get("scratch") or None) as tmp:
+                final = False
                 mirror(fx, os.path.join(tmp, "fixture.db"))
+                final = True
                 try:
                     mirror(st, os.path.join(tmp, "final.db"))
                 except sqlite3.Error as e:  # e.g. two tables whose names differ only in case
@@ -258,6 +262,11 @@ def grade(spec: dict[str, Any]) -> dict[str, Any]:
             return verdict
         except psycopg2.Error as e:
             return g.ungradable(f"the final database cannot be read within the grade envelope: {g._one_line(str(e))}")
+        except Exception as e:  # noqa: BLE001 - on the final database: graded, never a discard the agent could choose
+            if not final:
+                raise
+            traceback.print_exc(limit=4, file=sys.stderr)
+            return g.ungradable(f"the grader could not read the final database ({type(e).__name__}: {g._one_line(str(e), 160)})")
         finally:
             st.close()
     finally:

@@ -440,11 +440,15 @@ def schema_diff(fx: sqlite3.Connection, st: sqlite3.Connection) -> list[str]:
 
 
 def _fmt(v: Any) -> str:
+    """A value as a failure's detail shows it: short, and as it may leave the sandbox."""
     if v is None:
         return "NULL"
     if isinstance(v, str):
         v = v if len(v) <= 40 else v[:39] + "…"
-        return "'" + v.replace("'", "''") + "'"
+        return "'" + clean(v).replace("'", "''") + "'"
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        b = bytes(v)
+        return f"x'{b[:20].hex()}'" + (f"…({len(b)} bytes)" if len(b) > 20 else "")
     return str(v)
 
 
@@ -587,7 +591,9 @@ def check_with(run: Any, exp: dict[str, Any], errors: Any) -> tuple[bool, str | 
 
 
 def _check(name: str, kind: str, passed: bool, detail: str | None = None) -> dict[str, Any]:
-    return {"name": name[:200], "kind": kind, "passed": passed, "detail": detail}
+    # whatever a detail quotes of the final state, it leaves as one clean line within the
+    # verdict's bounds: a verdict the controller refused was a discard the agent could choose
+    return {"name": _one_line(name, 200), "kind": kind, "passed": passed, "detail": None if detail is None else _one_line(detail, 500)}
 
 
 def _verdict(status: str, passed: bool, reason: str | None, checks: list[dict], diff: list[dict] | None,
@@ -689,6 +695,9 @@ def grade(spec: dict[str, Any], fixture_path: str, state_path: str | None) -> di
             return ungradable(f"{NOT_READABLE} ({_one_line(str(e))})")
         except (MemoryError, RecursionError, OverflowError, UnicodeError) as e:
             return ungradable(f"the final state cannot be read within the grade envelope ({type(e).__name__})")
+        except Exception as e:  # noqa: BLE001 - whatever broke on the agent's state is the state's: graded, never a discard
+            traceback.print_exc(limit=4, file=sys.stderr)
+            return ungradable(f"the grader could not read the final state ({type(e).__name__}: {_one_line(str(e), 160)})")
         finally:
             st.close()
             if copy_dir:
@@ -697,9 +706,15 @@ def grade(spec: dict[str, Any], fixture_path: str, state_path: str | None) -> di
         fx.close()
 
 
+def _dumps(verdict: dict[str, Any]) -> str:
+    # valid UTF-8 whatever a value holds (a lone surrogate from undecodable TEXT becomes U+FFFD)
+    text = json.dumps(verdict, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def fit(verdict: dict[str, Any]) -> str:
     """The verdict as compact JSON of at most VERDICT_TARGET_BYTES (rows are dropped if needed)."""
-    text = json.dumps(verdict, separators=(",", ":"), ensure_ascii=False, default=str)
+    text = _dumps(verdict)
     diff = verdict.get("diff")
     while len(text.encode()) > VERDICT_TARGET_BYTES and diff and diff["tables"]:
         for td in diff["tables"]:
@@ -709,12 +724,12 @@ def fit(verdict: dict[str, Any]) -> str:
         diff["truncated"] = True
         if all(not td[k] for td in diff["tables"] for k in ("added", "removed", "changed", "outside_allowed", "blob_examples")):
             diff["tables"] = diff["tables"][: len(diff["tables"]) // 2]
-        text = json.dumps(verdict, separators=(",", ":"), ensure_ascii=False, default=str)
+        text = _dumps(verdict)
     if len(text.encode()) > VERDICT_TARGET_BYTES:  # checks and lines are bounded; this is the last resort
         verdict["checks"] = verdict["checks"][:10]
         if diff:
             diff["lines"] = diff["lines"][:5]
-        text = json.dumps(verdict, separators=(",", ":"), ensure_ascii=False, default=str)
+        text = _dumps(verdict)
     return text
 
 
@@ -727,10 +742,15 @@ def main(argv: list[str]) -> int:
         verdict = grade(spec, spec["fixture_path"], spec["state_path"])
     except MemoryError:
         verdict = ungradable("the final state cannot be read within the grade envelope (MemoryError)")
-    except Exception:  # the grader broke on something it trusts: not the agent's fault
+    except Exception:  # the grader broke on something it trusts (its spec, the fixture): not the agent's doing
         traceback.print_exc(limit=4, file=sys.stderr)
         return EXIT_BROKEN
-    sys.stdout.write(fit(verdict))
+    try:
+        text = fit(verdict)
+    except Exception as e:  # noqa: BLE001 - the verdict holds what the agent's state made it: the state's doing
+        traceback.print_exc(limit=4, file=sys.stderr)
+        text = fit(ungradable(f"the grader could not write its verdict on the final state ({type(e).__name__})"))
+    sys.stdout.write(text)
     sys.stdout.flush()
     return 0
 

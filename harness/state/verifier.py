@@ -153,7 +153,10 @@ def _tail(result: ExecResult) -> str:
 def _number(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer past any float (a verifier may copy an agent's answer here)
+        return None
     return f if math.isfinite(f) else None
 
 
