@@ -147,9 +147,9 @@ def test_a_finished_commands_output_is_not_changed_by_its_reader_thread():
     pump = _Pump(endless_stream_fake(), cap=10**9).start()
     ticks.wait(2)
     time.sleep(0.05)
-    out, _err, counts, _e = pump.close()
+    (out, cut), _err, counts, _e = pump.close()
     time.sleep(0.05)
-    assert bytes(pump.bufs["out"]) == out and pump.counts["out"] == counts["out"] == len(out)
+    assert pump.kept("out") == (out, cut) and pump.counts["out"] == counts["out"] == len(out) and cut == 0
 
 
 def test_the_monitor_survives_a_read_error():
