@@ -382,3 +382,19 @@ def test_a_service_that_exits_is_told_with_the_engines_account(docker_client, tr
         assert why.endswith("bye"), why
     finally:
         sb.remove()
+
+
+@pytest.mark.parametrize("holds_output", [True, False])
+def test_what_the_agent_left_running_stops_when_it_exits(docker_client, trial_cpu, holds_output):
+    # a background process the agent leaves behind must not change the state after the agent
+    # ended: not after 50 ms (it used to get until the controller's own kill, ~10-30 ms later,
+    # or 0.5-0.7 s while it held the agent's output open), whether it holds the output or not
+    redirect = "" if holds_output else " >/dev/null 2>&1"
+    script = f"(sleep 0.05; touch /work/at50ms; sleep 0.25; touch /work/at300ms){redirect} & echo started; exit 0"
+    with DockerSandbox(docker_client, SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu)) as sb:
+        m = sb.measured_exec(["sh", "-c", script], timeout=30)
+        assert m.result.exit_code == 0 and m.result.stdout.strip() == "started"
+        assert m.result.wall_s < 0.5, m.result.wall_s  # the agent's own end, not its orphans'
+        time.sleep(0.5)
+        left = sb.exec(["sh", "-c", "ls /work; ps -e -o comm= | grep -c sleep || true"], timeout=10)
+    assert "at50ms" not in left.stdout and "at300ms" not in left.stdout, left.stdout

@@ -21,6 +21,7 @@ import atexit
 import io
 import json
 import os
+import select
 import shutil
 import signal
 import tarfile
@@ -53,6 +54,7 @@ PENDING = LiveRegistry()  # containers whose removal failed; retried by retry_re
 ROOT = "0:0"
 KEEPER_WAIT_S = 10.0  # how long a started container's init may take to fork its keeper
 ENGINE_CATCHUP_S = 10.0  # how long the engine may take to record the exit of an init the kernel saw end
+PID_WAIT_S = 2.0  # how long an exec may take to get a pid before its exit is polled for instead
 NO_DNS = "198.51.100.53"  # TEST-NET-2: an upstream resolver nobody has; internal networks only
 
 
@@ -131,6 +133,62 @@ def tree_tar(files: Tree, top: str) -> bytes:
             ti.size, ti.mode = len(data), 0o755 if mode & 0o111 else 0o644
             tf.addfile(ti, io.BytesIO(data))
     return buf.getvalue()
+
+
+class _ExitWatch:
+    """The exit of an exec's own process, seen the moment it happens (a pidfd; Linux >= 5.3).
+    ``of`` returns None when it cannot be watched from here (no pidfd, or the engine's pid is
+    not this container's in this pid namespace): the caller polls the engine instead."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+        self.at: float | None = None if fd is not None else time.monotonic()
+        self._poll = select.poll() if fd is not None else None
+        if self._poll is not None:
+            self._poll.register(fd, select.POLLIN)
+
+    @classmethod
+    def of(cls, sb: "DockerSandbox", api: Any, exec_id: str) -> "_ExitWatch | None":
+        if not hasattr(os, "pidfd_open"):
+            return None
+        deadline = time.monotonic() + PID_WAIT_S
+        while True:  # the engine hands the stream over before it has started the process
+            try:
+                info = api.exec_inspect(exec_id)
+            except (docker.errors.DockerException, requests.RequestException):
+                return None
+            pid = int(info.get("Pid") or 0)
+            if pid > 0:
+                break
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return cls(None)  # done before it was seen
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.005)
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return cls(None)  # already gone
+        except OSError:
+            return None
+        if pid not in sb._procs():  # another pid namespace than the engine's: not ours to watch
+            os.close(fd)
+            return None
+        return cls(fd)
+
+    def exited(self, wait_s: float) -> bool:
+        if self.at is not None:
+            return True
+        if self._poll is not None and self._poll.poll(int(wait_s * 1000)):
+            self.at = time.monotonic()
+        return self.at is not None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class _Pump:
     """Collects one exec's demuxed output in a reader thread, each stream capped: past the cap,
     its first half and its last half are kept (a long run's end is where it failed) and what
@@ -653,12 +711,15 @@ class DockerSandbox(Sandbox):
 
     # -- exec ------------------------------------------------------------------
     def exec(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None, workdir: str | None = None,
-             cap: int | None = None, user: str | None = None, on_stdout: Any = None) -> ExecResult:
+             cap: int | None = None, user: str | None = None, on_stdout: Any = None, stop_at_exit: bool = False) -> ExecResult:
         """Run ``cmd`` in the container with a wall-clock timeout. On timeout, or when the
         command exits but leaves processes holding its output open, the whole workload
         process tree is killed. Output beyond ``cap`` bytes per stream is counted and dropped.
         ``on_stdout`` receives raw stdout bytes instead of the capped buffer (for exports).
-        ``user`` '' runs as the image's user (services)."""
+        ``user`` '' runs as the image's user (services). ``stop_at_exit`` (the agent): the
+        moment the command's own process exits, whatever it left running is frozen and killed
+        (its exit is watched through a pidfd), so nothing it started can change the state after
+        it ended, however long or briefly it lingers."""
         cap = self.profile.output_cap if cap is None else cap
         workdir = workdir or self.spec.workdir or (WORKDIR if WORKDIR in self.profile.tmpfs and not self.spec.writable_root else "/tmp")
         user = self.user if user is None else user
@@ -674,8 +735,16 @@ class DockerSandbox(Sandbox):
         exited_at: float | None = None
         deadline = t0 + timeout
         next_poll = t0 + 0.2
+        watch = _ExitWatch.of(self, api, ex["Id"]) if stop_at_exit and not self.service else None
         while pump.thread.is_alive():
-            pump.thread.join(timeout=0.02)
+            if watch is not None:
+                if watch.exited(0.02):
+                    exited_at = watch.at
+                    self.kill_tree()  # its orphans stop with it; the pipe drains what they wrote
+                    pump.thread.join(timeout=5)
+                    break
+            else:
+                pump.thread.join(timeout=0.02)
             now = time.monotonic()
             if not pump.thread.is_alive():
                 break
@@ -696,6 +765,11 @@ class DockerSandbox(Sandbox):
                     self._kill_exec(ex["Id"])
                     pump.thread.join(timeout=5)
                     break
+        if watch is not None:
+            if exited_at is None and not timed_out and watch.exited(0):
+                exited_at = watch.at
+            watch.close()
+            self.kill_tree()  # orphans that let go of the output (nothing left: one read of cgroup.procs)
         wall = (exited_at or time.monotonic()) - t0
         (out_b, out_cut), (err_b, err_cut), counts, error = pump.close()
         exit_code = None
@@ -770,7 +844,7 @@ class DockerSandbox(Sandbox):
             mon = Monitor(reader, self.cpuset, self.profile.sample_hz)
             mon.start(t0, host0, cg0)
         try:
-            res = self.exec(cmd, timeout=timeout, env=env, workdir=workdir)
+            res = self.exec(cmd, timeout=timeout, env=env, workdir=workdir, stop_at_exit=True)
         finally:
             if mon:
                 mon.stop()
