@@ -290,7 +290,10 @@ def _print_show(a: Any, r: Any, doc: dict[str, Any], th: Thresholds, prices: dic
     if a.error:
         last = a.error.strip().splitlines()[-1][:500]
         if last not in hl:  # an infra error is already the headline
-            c.print(Text(("note: " if last.startswith("slot unmeasured") else "error: ") + printable(last), style="red"))
+            # a clean attempt's error field holds notes only (capped evidence, masked secrets): an
+            # infrastructure error always discards
+            note = a.verdict == "clean" or last.startswith("slot unmeasured")
+            c.print(Text(("note: " if note else "error: ") + printable(last), style="yellow" if note else "red"))
 
     c.print(Rule("identity", style="dim", align="left"))
     concurrent = f"{a.concurrent} in flight at start"

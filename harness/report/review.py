@@ -291,7 +291,7 @@ def _grade_html(a: Any) -> str:
     if a.reward is not None:
         rows.append(("verifier reward", f"{a.reward:g}" + "".join(f"; {k} {v:g}" for k, v in list((a.rewards or {}).items())[:8]), False))
     if a.error:
-        rows.append(("error", a.error.strip().splitlines()[-1][:500] if a.error.strip() else "–", False))
+        rows.append(("note" if a.verdict == "clean" else "error", a.error.strip().splitlines()[-1][:500] if a.error.strip() else "–", False))
     out = [_kv(rows)]
     failed = [c for c in a.grade_checks or [] if not c.get("passed")]
     if failed:
