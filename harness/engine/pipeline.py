@@ -501,7 +501,12 @@ class _Attempt:
                 return
             res = exp.command
             read_back = self._read_back(plan)
-            ctx.grade = grader.read(job.task, res, self._oom, job.profile.timeouts.grade, read_back)
+            try:
+                ctx.grade = grader.read(job.task, res, self._oom, job.profile.timeouts.grade, read_back)
+            except Exception as e:  # noqa: BLE001 - what the grader handed over came from the agent's state
+                d.note(traceback.format_exc(limit=3)[-1500:])
+                ctx.grade = GradeResult(status="ungradable", wall_s=res.wall_s,
+                                        reason=f"the grader's output on this state could not be read ({type(e).__name__}: {str(e)[:160]})")
             d.f["grade_wall_s"] = round(res.wall_s, 4)
             if plan.output == "reward":
                 _write(job.artifacts / "verifier-stdout.txt", self._redacted(res.stdout).encode(), d)

@@ -818,8 +818,6 @@ def images_needed(suite: Suite, prep: Prepared) -> list[str]:
 
 
 PROBE_MAX_S = 10.0
-
-
 PROBE_FRESH_S = 10.0  # a probe begun at start-up longer ago than this is taken afresh
 
 
