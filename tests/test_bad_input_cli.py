@@ -120,12 +120,13 @@ def test_unknown_task(tmp_path):
     assert_usage_error(r, tmp_path, "no task duplicate-charg (did you mean 'duplicate-charge'?)")
 
 
-def test_missing_image_hints_make_images(tmp_path, docker_client):
+def test_missing_image_names_the_command_that_builds_it(tmp_path, docker_client):
+    # a suite of one's own is built from its directory: `images build` alone builds the built-in suites
     d = copy_probe(tmp_path)
     f = d / "suite.toml"
     f.write_text(f.read_text().replace('image = "harness/sandbox:latest"', 'image = "harness/does-not-exist:latest"'))
     r = harness(tmp_path, "run", "--suite", str(d), "--db", db(tmp_path))
-    assert_usage_error(r, tmp_path, "harness/does-not-exist:latest", "make images")
+    assert_usage_error(r, tmp_path, "harness/does-not-exist:latest", f"build it with `harness images build --suite {d}`")
 
 
 @pytest.mark.parametrize("cmd", [["report", "r-nope"], ["trials", "r-nope"], ["gate", "r-nope", "--require", "pass@1>=0.5"], ["show", "99999"], ["samples", "r-nope"]])
@@ -223,6 +224,9 @@ def test_sandbox_exec_of_an_image_not_here_is_a_usage_error(tmp_path, docker_cli
     (["diff", "a", "b"], ["No such command 'diff' (did you mean `", "harness compare`?)"]),
     (["run", "--suite", "refunds", "--k", "1,,2"], ["--k '1,,2': an empty value between commas"]),
     (["run", "--suite", "refunds", "--k", "1,two"], ["--k '1,two': expected integers like 1,2,4"]),
+    (["sandbox", "exec", "--timeout", "0", "--", "true"], ["--timeout 0: seconds of wall clock, more than 0"]),
+    (["sandbox", "exec", "--timeout", "-1", "--", "true"], ["--timeout -1: seconds of wall clock, more than 0"]),
+    (["run", "--suite", "refunds", "--profile", "tigth"], ["unknown profile 'tigth' (did you mean 'tight'?)"]),
     (["gate"], ["Missing argument", "harness gate --help`"]),
     (["report", "--format", "xml"], ["'xml' is not one of", "harness report --help`"]),
 ])

@@ -158,9 +158,11 @@ def test_headline_names_breached_rule_with_value_and_threshold():
 def test_parse_age():
     assert parse_age("30d") == dt.timedelta(days=30)
     assert parse_age("12h") == dt.timedelta(hours=12)
-    assert parse_age("90m") == dt.timedelta(minutes=90)
+    assert parse_age("90min") == dt.timedelta(minutes=90) and parse_age("2w") == dt.timedelta(weeks=2)
+    with pytest.raises(ValueError, match="'m' could be minutes or months; write 1min for minutes"):
+        parse_age("1m")  # read as a month by many; what gc collects is deleted
     for bad in ("30", "d", "30s", "-1d", ""):
-        with pytest.raises(ValueError, match="30d, 12h, 90m"):
+        with pytest.raises(ValueError, match="30d, 12h, 90min"):
             parse_age(bad)
 
 

@@ -398,3 +398,12 @@ def test_what_the_agent_left_running_stops_when_it_exits(docker_client, trial_cp
         time.sleep(0.5)
         left = sb.exec(["sh", "-c", "ls /work; ps -e -o comm= | grep -c sleep || true"], timeout=10)
     assert "at50ms" not in left.stdout and "at300ms" not in left.stdout, left.stdout
+
+
+def test_a_timeout_shorter_than_the_exec_start_still_stops_the_command(docker_client, trial_cpu):
+    # the engine may start the process after the deadline: it is killed when it appears, not
+    # left to run its course under a 'timed out' label
+    t0 = time.monotonic()
+    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["sleep", "5"], timeout=0.01)
+    assert r.kind == "timeout" and r.exec.timed_out
+    assert time.monotonic() - t0 < 3, time.monotonic() - t0

@@ -118,7 +118,7 @@ def test_broken_suite_reports_every_problem_with_file_and_key():
     lines = errors_of(FIXTURES / "broken")
     b = "tests/fixtures/suites/broken"
     expected = [
-        f"{b}/suite.toml: agent_cmd: Input should be a valid list",
+        f"{b}/suite.toml: agent_cmd: Input should be a valid list (a list of words, e.g. agent_cmd = [\"python3\", \"/opt/agent/main.py\"])",
         f"{b}/suite.toml: k: k = 8 exceeds trials = 4; raise trials or drop k = 8",
         f"{b}/suite.toml: colour: unknown key",
         f"{b}/tasks/b/dup.toml: id: duplicate task id 'dup' (also in {b}/tasks/a/dup.toml)",
@@ -132,7 +132,7 @@ def test_broken_suite_reports_every_problem_with_file_and_key():
         f"{b}/tasks/bad-sql.toml: fixture_sql: SQL error: near \"INSRT\": syntax error",
         f"{b}/tasks/missing-fixture.toml: fixture: no such file {b}/fixtures/nope.sql",
         f"{b}/tasks/stem-mismatch.toml: id: 'another-name' must equal the file stem 'stem-mismatch'",
-        f"{b}/tasks/unknown-key.toml: tags: Input should be a valid list",
+        f"{b}/tasks/unknown-key.toml: tags: Input should be a valid list (a list, e.g. tags = [\"refund\"])",
         f"{b}/tasks/unknown-key.toml: expct: unknown key (did you mean 'expect'?)",
     ]
     for line in expected:
@@ -232,3 +232,15 @@ def test_every_builtin_suite_loads():
         # one image per suite, or one per task (a Harbor-format suite such as ops)
         assert (s.dockerfile_path is not None and s.dockerfile_path.is_file()) or all(t.build is not None for t in s.tasks), name
         assert all(k <= s.trials for k in s.k)
+
+
+def test_a_value_where_toml_wants_a_list_says_the_form_it_takes():
+    from pydantic import ValidationError
+
+    from harness.model.suite import Task
+    from harness.model.units import format_validation_error
+
+    with pytest.raises(ValidationError) as e:  # [expect] written with one pair of brackets
+        Task.model_validate({"id": "t", "title": "t", "prompt": "p", "expect": {"name": "x", "query": "SELECT 1", "rows": [[1]]}})
+    assert format_validation_error("tasks/t.toml", e.value, Task, short={"expect"}) == (
+        "tasks/t.toml: expect: Input should be a valid list (write each expectation as its own [[expect]] table, with two brackets)")

@@ -192,6 +192,22 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode="rich",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        import harness
+
+        console.print(f"harness {harness.__version__}", highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the harness version and exit.")) -> None:
+    """Eval harness for tool-using agents."""
+
+
 sandbox_app = typer.Typer(help="Run one command in a pinned sandbox.", no_args_is_help=True)
 images_app = typer.Typer(help="Build the images offline (base from Debian, then FROM it).", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")

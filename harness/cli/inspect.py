@@ -586,7 +586,7 @@ def samples(
 
 
 def gc(
-    older_than: str = typer.Option(..., "--older-than", help="Age of runs to collect: a number and d, h or m (30d, 12h, 90m)."),
+    older_than: str = typer.Option(..., "--older-than", help="Age of runs to collect: a number and w, d, h or min (4w, 30d, 12h, 90min)."),
     purge: bool = typer.Option(False, "--purge", help="Also delete those runs' rows (runs, attempts, samples). Default: keep every row."),
     include_interrupted: bool = typer.Option(False, "--include-interrupted", help="Also collect interrupted runs (their artifacts are needed to inspect a resumed run)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only print what would be freed / deleted."),

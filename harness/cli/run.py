@@ -211,8 +211,9 @@ def run(
         try:
             runner.execute(events=Fanout([display, otel_sink]) if otel_sink else display, wait_quiet=wait_quiet)
         except KeyboardInterrupt:
-            err.print(f"\n[yellow]interrupted[/]: containers of run {r.id} removed; the run is marked interrupted "
-                      f"(continue it with `harness run --resume {r.id}{at}`).")
+            err.print(f"\n[yellow]interrupted[/]: containers of run {r.id} removed; the run is marked interrupted; "
+                      "continue it with", highlight=False)
+            err.print(f"  harness run --resume {r.id}{at}", highlight=False, soft_wrap=True)  # whole, to copy
             raise typer.Exit(130)
         finally:
             if otel_sink is not None:

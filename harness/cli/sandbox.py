@@ -98,6 +98,8 @@ def sandbox_exec(
     from harness.sandbox.docker_sandbox import connect
     from harness.sandbox.images import image_identity
 
+    if timeout is not None and not (0 < timeout < float("inf")):
+        die(f"--timeout {timeout:g}: seconds of wall clock, more than 0 (leave it out for the profile's agent timeout)")
     prof = load_profile(profile)
     client = connect()
     try:  # before any core is leased: an image that is not here is a usage error (no registry is asked)
@@ -121,9 +123,13 @@ def sandbox_exec(
                 "controller and the engine; their work will show as foreign CPU",
                 highlight=False,
             )
-        CpuPool(cpus=allowed_cpus()).lock_exact(cpus)  # wait for any run holding these cores
+        pool = CpuPool(cpus=allowed_cpus())
+        pool.on_wait = _say_wait
+        pool.lock_exact(cpus)  # wait for any run holding these cores
     else:
-        cpus = CpuPool.for_host().lease(prof.cores)
+        pool = CpuPool.for_host()
+        pool.on_wait = _say_wait
+        cpus = pool.lease(prof.cores)
     others = set(allowed_cpus()) - set(cpus)
     if others:  # keep this process off the trial's cores (it would count as foreign CPU)
         pin_process(sorted(others))
@@ -147,6 +153,10 @@ def sandbox_exec(
         raise typer.Exit(124)  # like timeout(1)
     if res.exec is not None and res.exec.exit_code:
         raise typer.Exit(res.exec.exit_code)  # the command's own status (137 after an OOM kill)
+
+
+def _say_wait(line: str) -> None:
+    err.print(f"[dim]{line}; the sandbox starts once they are free[/]", highlight=False)
 
 
 def _parse_cpuset(s: str) -> list[int]:

@@ -20,7 +20,7 @@ def run_command(backend: SandboxBackend, image: str, profile: Profile, cpuset: l
         except Exception as e:
             return AttemptResult(container=sb.name, image=image, profile=profile.name, cpuset=cpuset, kind="infra_error", error=str(e))
         try:
-            m = sb.measured_exec(cmd, timeout=timeout or profile.timeouts.agent, env=env)
+            m = sb.measured_exec(cmd, timeout=profile.timeouts.agent if timeout is None else timeout, env=env)
         except Exception as e:  # a host reading failed, the engine went away
             return AttemptResult(container=sb.name, image=image, profile=profile.name, cpuset=cpuset, kind="infra_error",
                                  envelope=sb.envelope, error=f"{type(e).__name__}: {str(e)[:300]}")

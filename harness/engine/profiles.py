@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from harness.model.errors import ProfileError
 from harness.model.profile import Profile
-from harness.model.units import format_validation_error
+from harness.model.units import did_you_mean, format_validation_error
 
 def load_profile_file(path: Path) -> Profile:
     """Load and validate one profile TOML file. Raises ProfileError naming the file and key."""
@@ -57,5 +57,6 @@ def load_profile(name_or_path: str) -> Profile:
     profiles = available_profiles()
     if name_or_path not in profiles:
         names = ", ".join(sorted(profiles)) or "none found"
-        raise ProfileError(f"unknown profile {name_or_path!r}; available: {names} (or pass a path to a .toml file)")
+        raise ProfileError(f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, profiles)}; available: {names} "
+                           "(or pass a path to a .toml file)")
     return load_profile_file(profiles[name_or_path])

@@ -38,7 +38,7 @@ from harness.engine.prepare import Prepared, prepare_tasks
 from harness.engine.profiles import load_profile
 from harness.engine.secrets import GatewayPlan, plan_gateway, refuse_leaks
 from harness.engine.scheduler import CpuPool
-from harness.engine.suites import load_suite
+from harness.engine.suites import builtin_suites_dir, load_suite
 from harness.measure import host as hoststats
 from harness.model.attempt import AttemptRecord
 from harness.model.errors import HarnessError, ProfileError, RunError, StoreLost
@@ -918,11 +918,17 @@ PER_TASK = "(per task)"  # a run's image when every task has its own
 def _run_image(client: Any, suite: Suite, prep: Prepared, agent_image: str | None) -> tuple[str, str]:
     """(image, digest) a run records: the one image its tasks share, or PER_TASK (digests per task)."""
     shared = sorted({prep.images[t.id] for t in prep.tasks if t.id not in prep.digests})
+    # the suite's own image is built from its directory (`images build` alone builds the built-in suites)
+    own = suite.dockerfile_path.is_file() and suite.root.parent != builtin_suites_dir()
+
+    def fix(img: str) -> str | None:
+        return f"build it with `harness images build --suite {suite.root}`" if own and img == suite.image else None
+
     if agent_image or (len(shared) == 1 and not prep.digests):
         img = agent_image or shared[0]
-        return img, image_identity(client, img)[1]
+        return img, image_identity(client, img, fix(img))[1]
     for img in shared:
-        image_identity(client, img)
+        image_identity(client, img, fix(img))
     return PER_TASK, ""
 
 

@@ -219,14 +219,19 @@ class CpuPool:
                     self.peak_in_use = max(self.peak_in_use, len(self._leased))
                     return got
             # other controllers hold too many of the free cores: say so, wait for them, then try again
-            if self.on_wait is not None:
-                held = self.holders(sorted(self._free))
-                line = "waiting for " + "; ".join(f"core {c} held by {h}" for c, h in sorted(held.items()))
-                if held and (line != self._wait_line or time.monotonic() - self._waited > WAIT_NOTICE_S):
-                    self._waited, self._wait_line = time.monotonic(), line
-                    self.on_wait(line)
+            self._say_wait(sorted(self._free))
             self._check(deadline, stop)
             time.sleep(POLL_S * 4)
+
+    def _say_wait(self, cores: list[int]) -> None:
+        """Tell ``on_wait`` who holds the cores a lease waits for (again when it changes, or every WAIT_NOTICE_S)."""
+        if self.on_wait is None:
+            return
+        held = self.holders(cores)
+        line = "waiting for " + "; ".join(f"core {c} held by {h}" for c, h in sorted(held.items()))
+        if held and (line != self._wait_line or time.monotonic() - self._waited > WAIT_NOTICE_S):
+            self._waited, self._wait_line = time.monotonic(), line
+            self.on_wait(line)
 
     def _check(self, deadline: float | None, stop: threading.Event | None) -> None:
         if stop is not None and stop.is_set():
@@ -345,6 +350,7 @@ class CpuPool:
         for any controller that holds them. Released by :meth:`unlock_exact`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._lock_some(sorted(cores), len(cores)):
+            self._say_wait(sorted(cores))
             self._check(deadline, stop)
             time.sleep(POLL_S * 4)
 

@@ -122,6 +122,19 @@ def clean_loc(loc: tuple, short: set[str] | None = None) -> tuple:
     return tuple(out)
 
 
+# a key written as a value where TOML wants a list: the form it takes
+LIST_HINTS = {
+    "expect": "write each expectation as its own [[expect]] table, with two brackets",
+    "agent_cmd": 'a list of words, e.g. agent_cmd = ["python3", "/opt/agent/main.py"]',
+    "setup": 'a list of commands, each a list of words, e.g. setup = [["sh", "-c", "..."]]',
+    "unchanged": 'a list of table names, e.g. unchanged = ["orders"]',
+    "allow": 'a list, e.g. allow = ["refunds", "emails.body"]',
+    "k": "a list, e.g. k = [1, 2, 4]",
+    "state_sql": 'a list of files, e.g. state_sql = ["schema.sql"]',
+    "tags": 'a list, e.g. tags = ["refund"]',
+}
+
+
 def did_you_mean(word: str, choices: Any) -> str:
     """' (did you mean 'x'?)' for the choice closest to a mistyped ``word``, or ''."""
     close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
@@ -150,6 +163,8 @@ def format_validation_error(source: str, err: ValidationError, model: Any = None
                 close = difflib.get_close_matches(key, names, n=1)
                 if close:
                     msg += f" (did you mean {close[0]!r}?)"
+        elif e["type"] == "list_type" and e["loc"] and str(e["loc"][-1]) in LIST_HINTS:
+            msg += f" ({LIST_HINTS[str(e['loc'][-1])]})"
         lines.append((e["type"] != "extra_forbidden",
                       f"{source}: {msg}" if not e["loc"] and re.match(r"^[\w.]+: ", msg) else f"{source}: {loc}: {msg}"))
     # unknown keys first: a misspelt key is often why a check on the others fails ("trails"

@@ -828,13 +828,18 @@ def tail_text(data: bytes | str | None, max_lines: int = 15, max_chars: int = 20
 
 # ----------------------------------------------------------------------------- gc
 
-_AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([dhm])\s*$", re.IGNORECASE)
+_AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(w|d|h|min|m)\s*$", re.IGNORECASE)
+_AGE_UNITS = {"w": dt.timedelta(weeks=1), "d": dt.timedelta(days=1), "h": dt.timedelta(hours=1), "min": dt.timedelta(minutes=1)}
 
 
 def parse_age(s: str) -> dt.timedelta:
-    """'30d', '12h', '90m' -> timedelta. Raises ValueError with the accepted forms."""
+    """'4w', '30d', '12h', '90min' -> timedelta. Raises ValueError with the accepted forms; a bare
+    'm' is refused (a minute or a month? what it collects is deleted)."""
     m = _AGE_RE.match(s or "")
     if not m:
-        raise ValueError(f"--older-than {s!r}: expected a number with a unit d, h or m, e.g. 30d, 12h, 90m")
+        raise ValueError(f"--older-than {s!r}: expected a number with a unit w, d, h or min, e.g. 4w, 30d, 12h, 90min")
     n, unit = float(m.group(1)), m.group(2).lower()
-    return {"d": dt.timedelta(days=n), "h": dt.timedelta(hours=n), "m": dt.timedelta(minutes=n)}[unit]
+    if unit == "m":
+        raise ValueError(f"--older-than {s!r}: 'm' could be minutes or months; write {m.group(1)}min for minutes, "
+                         f"or days ({m.group(1)}m as months is about {round(n * 30.44)}d)")
+    return n * _AGE_UNITS[unit]

@@ -750,8 +750,12 @@ class DockerSandbox(Sandbox):
                 break
             if now >= deadline:
                 timed_out = True
-                self._kill_exec(ex["Id"])
-                pump.thread.join(timeout=5)
+                # the engine may start the process after the deadline (a very short timeout): kill
+                # until the stream ends, so nothing it started outlives the deadline by more than a tick
+                stop_by = time.monotonic() + 5
+                while pump.thread.is_alive() and time.monotonic() < stop_by:
+                    self._kill_exec(ex["Id"])
+                    pump.thread.join(timeout=0.05)
                 break
             if now >= next_poll:
                 next_poll = now + 0.2

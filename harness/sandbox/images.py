@@ -69,13 +69,14 @@ def remove_image(client: docker.DockerClient, image: str) -> bool:
         return False
 
 
-def image_identity(client: docker.DockerClient, image: str) -> tuple[str, str]:
-    """(image id, digest-ish string) of a local image, or a RunError with the fix."""
+def image_identity(client: docker.DockerClient, image: str, fix: str | None = None) -> tuple[str, str]:
+    """(image id, digest-ish string) of a local image, or a RunError with the fix (``fix``:
+    the caller knows a better one, e.g. the suite directory that builds it)."""
     try:
         img = client.images.get(image)
     except docker.errors.ImageNotFound:
-        fix = ("build it with `make images` (or `harness images build`)" if image.startswith("harness/") else
-               "build or load it on this engine first (e.g. `docker build -t IMAGE .` FROM the suite's image; no registry is used)")
+        fix = fix or ("build it with `make images` (or `harness images build`)" if image.startswith("harness/") else
+                      "build or load it on this engine first (e.g. `docker build -t IMAGE .` FROM the suite's image; no registry is used)")
         raise RunError(f"image {image} not found on this engine; {fix}") from None
     digests = img.attrs.get("RepoDigests") or []
     return img.id, (digests[0] if digests else img.id)
