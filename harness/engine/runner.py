@@ -919,7 +919,8 @@ def _run_image(client: Any, suite: Suite, prep: Prepared, agent_image: str | Non
     """(image, digest) a run records: the one image its tasks share, or PER_TASK (digests per task)."""
     shared = sorted({prep.images[t.id] for t in prep.tasks if t.id not in prep.digests})
     # the suite's own image is built from its directory (`images build` alone builds the built-in suites)
-    own = suite.dockerfile_path.is_file() and suite.root.parent != builtin_suites_dir()
+    dockerfile = suite.dockerfile_path  # None for a suite with no image of its own (Harbor tasks build per task)
+    own = dockerfile is not None and dockerfile.is_file() and suite.root.parent != builtin_suites_dir()
 
     def fix(img: str) -> str | None:
         return f"build it with `harness images build --suite {suite.root}`" if own and img == suite.image else None
