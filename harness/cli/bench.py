@@ -317,8 +317,8 @@ def bench_throughput(client, trials: int) -> dict:
             "name": f"run throughput, {trials} no-op trials (setup + agent + export + grade + store)",
             "harness_attempts_per_s": round(attempts / h_wall, 3),
             "harness_wall_s": round(h_wall, 2),
-            "harness_steady_attempts_per_s": round((attempts2 - attempts) / max(1e-9, h2_wall - h_wall), 3)
-            + f"  (slope of {trials} -> {2 * trials} trials: {h_wall:.2f} s -> {h2_wall:.2f} s; start-up left out)",
+            "harness_steady_attempts_per_s": f"{(attempts2 - attempts) / max(1e-9, h2_wall - h_wall):.3f}"
+            f"  (slope of {trials} -> {2 * trials} trials: {h_wall:.2f} s -> {h2_wall:.2f} s; start-up left out)",
         }
         if compose is None:
             out["baseline"] = "docker-compose not installed (apt-get install docker-compose); no ratio"
