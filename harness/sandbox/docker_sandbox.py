@@ -54,7 +54,9 @@ PENDING = LiveRegistry()  # containers whose removal failed; retried by retry_re
 ROOT = "0:0"
 KEEPER_WAIT_S = 10.0  # how long a started container's init may take to fork its keeper
 ENGINE_CATCHUP_S = 10.0  # how long the engine may take to record the exit of an init the kernel saw end
-PID_WAIT_S = 2.0  # how long an exec may take to get a pid before its exit is polled for instead
+# how long an exec may take to get a pid before its exit is polled for instead (the engine hands
+# the stream over first; ~40 ms here, seconds in an emulated guest)
+PID_WAIT_S = 30.0
 NO_DNS = "198.51.100.53"  # TEST-NET-2: an upstream resolver nobody has; internal networks only
 
 
@@ -148,10 +150,11 @@ class _ExitWatch:
             self._poll.register(fd, select.POLLIN)
 
     @classmethod
-    def of(cls, sb: "DockerSandbox", api: Any, exec_id: str) -> "_ExitWatch | None":
+    def of(cls, sb: "DockerSandbox", api: Any, exec_id: str, until: float) -> "_ExitWatch | None":
+        """``until``: the exec's own deadline (its timeout is enforced by the caller past it)."""
         if not hasattr(os, "pidfd_open"):
             return None
-        deadline = time.monotonic() + PID_WAIT_S
+        deadline = min(time.monotonic() + PID_WAIT_S, until)
         while True:  # the engine hands the stream over before it has started the process
             try:
                 info = api.exec_inspect(exec_id)
@@ -169,7 +172,7 @@ class _ExitWatch:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             return cls(None)  # already gone
-        except OSError:
+        except OSError:  # e.g. EINVAL from an engine whose exec pid is not a process leader (seen under cgroup v2)
             return None
         if pid not in sb._procs():  # another pid namespace than the engine's: not ours to watch
             os.close(fd)
@@ -718,8 +721,8 @@ class DockerSandbox(Sandbox):
         ``on_stdout`` receives raw stdout bytes instead of the capped buffer (for exports).
         ``user`` '' runs as the image's user (services). ``stop_at_exit`` (the agent): the
         moment the command's own process exits, whatever it left running is frozen and killed
-        (its exit is watched through a pidfd), so nothing it started can change the state after
-        it ended, however long or briefly it lingers."""
+        (its exit is watched through a pidfd; where none can be had, the engine is asked every
+        50 ms), so nothing it started can change the state after it ended."""
         cap = self.profile.output_cap if cap is None else cap
         workdir = workdir or self.spec.workdir or (WORKDIR if WORKDIR in self.profile.tmpfs and not self.spec.writable_root else "/tmp")
         user = self.user if user is None else user
@@ -735,7 +738,10 @@ class DockerSandbox(Sandbox):
         exited_at: float | None = None
         deadline = t0 + timeout
         next_poll = t0 + 0.2
-        watch = _ExitWatch.of(self, api, ex["Id"]) if stop_at_exit and not self.service else None
+        stop_at_exit = stop_at_exit and not self.service
+        watch = _ExitWatch.of(self, api, ex["Id"], deadline) if stop_at_exit else None
+        # without a pidfd the engine is asked: for the agent often and with no grace after its exit
+        poll_s, grace_s = (0.05, 0.0) if stop_at_exit else (0.2, 0.5)
         while pump.thread.is_alive():
             if watch is not None:
                 if watch.exited(0.02):
@@ -758,13 +764,13 @@ class DockerSandbox(Sandbox):
                     pump.thread.join(timeout=0.05)
                 break
             if now >= next_poll:
-                next_poll = now + 0.2
+                next_poll = now + poll_s
                 try:
                     if not api.exec_inspect(ex["Id"])["Running"]:
                         exited_at = exited_at or now
                 except (docker.errors.DockerException, requests.RequestException):
                     break
-                if exited_at and now - exited_at > 0.5:
+                if exited_at and now - exited_at >= grace_s:
                     # the command exited; orphans still hold its stdout open
                     self._kill_exec(ex["Id"])
                     pump.thread.join(timeout=5)
@@ -773,6 +779,7 @@ class DockerSandbox(Sandbox):
             if exited_at is None and not timed_out and watch.exited(0):
                 exited_at = watch.at
             watch.close()
+        if stop_at_exit:
             self.kill_tree()  # orphans that let go of the output (nothing left: one read of cgroup.procs)
         wall = (exited_at or time.monotonic()) - t0
         (out_b, out_cut), (err_b, err_cut), counts, error = pump.close()
