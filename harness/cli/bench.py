@@ -98,19 +98,18 @@ def _overhead(client, prof, cpuset, rounds: int) -> dict:
     most callers write), the same with no network asked for at all (the cheapest bare run: the
     baseline of the goal), and the keeper design's floor (sleeping init + one exec + forced
     removal), which says how much of the ratio is the design and how much the harness's code."""
-    paths = {
-        "bare": lambda: _bare_run(client, prof, cpuset),
-        "bare_lean": lambda: _bare_run(client, prof, cpuset, lean=True),
-        "keeper_floor": lambda: _keeper_floor(client, prof, cpuset),
-        "harness": None,
-    }
     backend = DockerBackend(client)
 
     def harness() -> None:
         r = run_command(backend, SANDBOX_IMAGE, prof, cpuset, ["true"])
         assert r.kind == "ok", r.error
 
-    paths["harness"] = harness
+    paths = {
+        "bare": lambda: _bare_run(client, prof, cpuset),
+        "bare_lean": lambda: _bare_run(client, prof, cpuset, lean=True),
+        "keeper_floor": lambda: _keeper_floor(client, prof, cpuset),
+        "harness": harness,
+    }
     for f in paths.values():  # warm every path once (image layers in page cache, SDK connection pool)
         f()
     t: dict[str, list[float]] = {k: [] for k in paths}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import time
 from typing import NamedTuple
 
 from harness.measure.cgroup import HeldFile, detect_cgroup_version, parse_psi
@@ -322,24 +323,18 @@ class CoreProbe:
     start-up runs on its reserved cores), it costs a run no wait of its own."""
 
     def __init__(self, cores: list[int], proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK):
-        import time
-
         self.cores, self.proc_root, self.clk_tck = list(cores), str(proc_root), clk_tck
         self.t0 = time.monotonic()
         self._a = parse_proc_stat(_read(os.path.join(self.proc_root, "stat")) or "", clk_tck)
         self._pa = _proc_times(self.proc_root)
 
     def age(self) -> float:
-        import time
-
         return time.monotonic() - self.t0
 
     def result(self, seconds: float, threshold: float = 0.5) -> dict[int, tuple[float, list[str]]]:
         """Cores busier than ``threshold`` over the probe, which lasts at least ``seconds``
         (slept out here if less has passed): core -> (busy share, the processes that ran on it
         most, as "pid N name (share)"). A quiet machine gives {}."""
-        import time
-
         time.sleep(max(0.0, max(0.05, seconds) - self.age()))
         b = parse_proc_stat(_read(os.path.join(self.proc_root, "stat")) or "", self.clk_tck)
         pb = _proc_times(self.proc_root)

@@ -159,10 +159,7 @@ def format_validation_error(source: str, err: ValidationError, model: Any = None
                 msg += (f" (in TOML, keys written after a [[{e['loc'][-3]}]] table belong to it: move {key!r} above the "
                         f"first [[{e['loc'][-3]}]])")
             elif owner is not None:
-                names = list(owner.model_fields) + list(getattr(owner, "short_keys", ()))
-                close = difflib.get_close_matches(key, names, n=1)
-                if close:
-                    msg += f" (did you mean {close[0]!r}?)"
+                msg += did_you_mean(key, list(owner.model_fields) + list(getattr(owner, "short_keys", ())))
         elif e["type"] == "list_type" and e["loc"] and str(e["loc"][-1]) in LIST_HINTS:
             msg += f" ({LIST_HINTS[str(e['loc'][-1])]})"
         lines.append((e["type"] != "extra_forbidden",

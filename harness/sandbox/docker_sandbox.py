@@ -315,7 +315,8 @@ class DockerSandbox(Sandbox):
     def _mounts(self) -> dict[str, dict[str, str]]:
         spec = self.spec
         bind_trees = {} if spec.writable_root else spec.trees
-        if not spec.inputs and not spec.with_grade_dir and not spec.late_dirs and not bind_trees and not self.isolated:
+        folders = bool(spec.inputs or spec.with_grade_dir or spec.late_dirs or bind_trees)
+        if not folders and not self.isolated:
             return {}
         root = spec.inputs_root or Path(os.environ.get("HARNESS_HOME", ".harness")) / "inputs"
         try:
@@ -328,7 +329,7 @@ class DockerSandbox(Sandbox):
             hosts.write_bytes(HOSTS)
             hosts.chmod(0o444)
             volumes[str(hosts)] = {"bind": "/etc/hosts", "mode": "ro"}
-        if not spec.inputs and not spec.with_grade_dir and not spec.late_dirs and not bind_trees:
+        if not folders:
             return volumes
 
         def folder(sub: str, at: str) -> Path:
@@ -793,9 +794,7 @@ class DockerSandbox(Sandbox):
             pass
 
         def text(key: str, b: bytes, cut: int) -> tuple[str, bool]:
-            if key == "out" and on_stdout:
-                return b.decode("utf-8", errors="replace"), False
-            if not cut:
+            if not cut or (key == "out" and on_stdout):
                 return b.decode("utf-8", errors="replace"), False
             at = len(b) - (cap // 2)  # where the dropped middle was
             head, tail = b[:at].decode("utf-8", errors="replace"), b[at:].decode("utf-8", errors="replace")

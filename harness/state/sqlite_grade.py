@@ -74,12 +74,16 @@ def clean(s: str) -> str:
     return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace").translate(_CONTROL)
 
 
+def _hex(v: bytes | bytearray | memoryview, n: int) -> str:
+    """A BLOB as SQL shows it, its first ``n`` bytes only (with its length when cut)."""
+    b = bytes(v)
+    return f"x'{b[:n].hex()}'" + (f"…({len(b)} bytes)" if len(b) > n else "")
+
+
 def _cut(v: Any) -> Any:
     """A value as stored in the verdict: JSON-safe and short."""
     if isinstance(v, (bytes, bytearray, memoryview)):
-        b = bytes(v)
-        head = b[: MAX_VALUE_CHARS // 2].hex()
-        return f"x'{head}'" + (f"…({len(b)} bytes)" if len(b) > MAX_VALUE_CHARS // 2 else "")
+        return _hex(v, MAX_VALUE_CHARS // 2)
     if isinstance(v, str):
         return clean(v) if len(v) <= MAX_VALUE_CHARS else clean(v[:MAX_VALUE_CHARS]) + f"…({len(v)} chars)"
     if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):  # not JSON numbers
@@ -447,8 +451,7 @@ def _fmt(v: Any) -> str:
         v = v if len(v) <= 40 else v[:39] + "…"
         return "'" + clean(v).replace("'", "''") + "'"
     if isinstance(v, (bytes, bytearray, memoryview)):
-        b = bytes(v)
-        return f"x'{b[:20].hex()}'" + (f"…({len(b)} bytes)" if len(b) > 20 else "")
+        return _hex(v, 20)
     return str(v)
 
 
