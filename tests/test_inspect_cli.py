@@ -523,3 +523,12 @@ def test_a_value_with_newlines_cannot_forge_a_line_of_show(tmp_path):
     for line in r.stdout.splitlines():
         assert "FORGED" not in line.split("│")[0].lstrip()[:12], line  # never at the start of a line or a cell
         assert not line.lstrip(" │").startswith(("clean: pass", "✓ FORGED")), line
+
+
+def test_a_tail_read_from_the_end_of_a_long_file_says_what_lies_before_it():
+    from harness.report.views import tail_text
+
+    text = "".join(f"line {i}\n" for i in range(100))
+    assert tail_text(text, max_lines=3).startswith("… (97 earlier lines)\nline 97")
+    # only the last bytes were read: their lines are not all the file's, and it says so
+    assert tail_text(text, max_lines=3, before=2 * 1024 * 1024).startswith("… (97 earlier lines and 2 MiB before them)\n")

@@ -419,7 +419,10 @@ def test_what_the_agent_left_running_stops_when_it_exits(docker_client, trial_cp
 def test_a_timeout_shorter_than_the_exec_start_still_stops_the_command(docker_client, trial_cpu):
     # the engine may start the process after the deadline: it is killed when it appears, not
     # left to run its course under a 'timed out' label
-    t0 = time.monotonic()
-    r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["sleep", "60"], timeout=0.01)
-    assert r.kind == "timeout" and r.exec.timed_out
-    assert time.monotonic() - t0 < (30 if EMULATED else 3), time.monotonic() - t0
+    # and the kill waits for the process to exist: freezing the cgroup while runc was still putting
+    # it there deadlocked the engine (1 run in 8 hung for minutes and left the container paused)
+    for _ in range(2 if EMULATED else 10):
+        t0 = time.monotonic()
+        r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["sleep", "60"], timeout=0.01)
+        assert r.kind == "timeout" and r.exec.timed_out, r
+        assert time.monotonic() - t0 < (30 if EMULATED else 3), time.monotonic() - t0

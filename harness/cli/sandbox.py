@@ -99,7 +99,7 @@ def sandbox_exec(
     from harness.sandbox.images import image_identity
 
     if timeout is not None and not (0 < timeout < float("inf")):
-        die(f"--timeout {timeout:g}: seconds of wall clock, more than 0 (leave it out for the profile's agent timeout)")
+        die(f"--timeout {timeout:g}: seconds of wall clock, finite and more than 0 (leave it out for the profile's agent timeout)")
     prof = load_profile(profile)
     client = connect()
     try:  # before any core is leased: an image that is not here is a usage error (no registry is asked)

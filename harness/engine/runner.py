@@ -923,7 +923,8 @@ def _run_image(client: Any, suite: Suite, prep: Prepared, agent_image: str | Non
     own = dockerfile is not None and dockerfile.is_file() and suite.root.parent != builtin_suites_dir()
 
     def fix(img: str) -> str | None:
-        return f"build it with `harness images build --suite {suite.root}`" if own and img == suite.image else None
+        root = str(suite.root) if suite.root.is_absolute() or "/" in str(suite.root) else f"./{suite.root}"  # never read as a built-in name
+        return f"build it with `harness images build --suite {root}`" if own and img == suite.image else None
 
     if agent_image or (len(shared) == 1 and not prep.digests):
         img = agent_image or shared[0]

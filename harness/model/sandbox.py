@@ -51,8 +51,8 @@ class ExecResult(BaseModel):
     stderr: str = Field("", description="Captured stderr (same cap).")
     stdout_bytes: int = Field(0, ge=0, description="Total bytes the command wrote to stdout, kept or not.")
     stderr_bytes: int = Field(0, ge=0, description="Total bytes written to stderr.")
-    stdout_truncated: bool = Field(False, description="stdout exceeded the cap; the tail was dropped.")
-    stderr_truncated: bool = Field(False, description="stderr exceeded the cap.")
+    stdout_truncated: bool = Field(False, description="stdout exceeded the cap; its first and last halves were kept, the middle dropped and marked.")
+    stderr_truncated: bool = Field(False, description="stderr exceeded the cap (kept as stdout is).")
 
 
 class EnvelopeCheck(BaseModel):

@@ -107,18 +107,19 @@ def read_artifacts(path: str) -> dict[str, Any]:
     base = Path(path) if path else None
     out: dict[str, Any] = {"dir": path or None, "present": [], "tails": {}}
     for name in ARTIFACT_FILES:
-        data = None
+        data, before = None, 0
         if base is not None:
             fd = _open_regular(base / name)
             if fd is not None:
                 try:
                     size = os.fstat(fd).st_size
-                    data = os.pread(fd, SHOW_READ_BYTES, max(0, size - SHOW_READ_BYTES))
+                    before = max(0, size - SHOW_READ_BYTES)
+                    data = os.pread(fd, SHOW_READ_BYTES, before)
                 except OSError:
                     data = None
                 finally:
                     os.close(fd)
-        out["tails"][name] = tail_text(data)
+        out["tails"][name] = tail_text(data, before=before)
     if base is not None and base.is_dir():
         out["present"] = sorted(str(p) for p in base.iterdir() if p.is_file())
         grade = base / "grade"

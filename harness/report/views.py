@@ -811,8 +811,9 @@ def chart(series: dict[str, Any], th: Thresholds, memory_max: int | None, width:
     return Group(*lines)
 
 
-def tail_text(data: bytes | str | None, max_lines: int = 15, max_chars: int = 2000) -> str | None:
-    """The last lines of an artifact file (None when absent), without control characters."""
+def tail_text(data: bytes | str | None, max_lines: int = 15, max_chars: int = 2000, before: int = 0) -> str | None:
+    """The last lines of an artifact file (None when absent), without control characters.
+    ``before``: bytes of the file before ``data`` (not read, so their lines are not counted)."""
     if data is None:
         return None
     s = printable(data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
@@ -821,8 +822,9 @@ def tail_text(data: bytes | str | None, max_lines: int = 15, max_chars: int = 20
     out = "\n".join(cut)
     if len(out) > max_chars:
         out = "…" + out[-max_chars:]
-    elif len(lines) > max_lines:
-        out = f"… ({len(lines) - max_lines} earlier lines)\n" + out
+    elif len(lines) > max_lines or before:
+        more = f" and {format_size(before)} before them" if before else ""
+        out = f"… ({max(0, len(lines) - max_lines)} earlier lines{more})\n" + out
     return out
 
 

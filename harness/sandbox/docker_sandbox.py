@@ -662,8 +662,8 @@ class DockerSandbox(Sandbox):
         try:
             self.container.pause()
             frozen = True
-        except docker.errors.DockerException:
-            pass
+        except (docker.errors.DockerException, requests.RequestException):
+            pass  # killed unfrozen below; it may be paused all the same (a timed-out answer), so it is thawed either way
         try:
             for _ in range(5):
                 victims = [p for p in self._procs() if p not in self._keep_pids]
@@ -680,11 +680,10 @@ class DockerSandbox(Sandbox):
                 else:
                     break
         finally:
-            if frozen:
-                try:
-                    self.container.unpause()
-                except docker.errors.DockerException:
-                    pass
+            try:
+                self.container.unpause()
+            except (docker.errors.DockerException, requests.RequestException):
+                pass  # not paused (the pause was refused), or the engine is gone
         # SIGKILL is delivered once thawed; wait briefly until they are gone
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
@@ -757,12 +756,12 @@ class DockerSandbox(Sandbox):
                 break
             if now >= deadline:
                 timed_out = True
-                # the engine may start the process after the deadline (a very short timeout): kill
-                # until the stream ends, so nothing it started outlives the deadline by more than a tick
-                stop_by = time.monotonic() + 5
-                while pump.thread.is_alive() and time.monotonic() < stop_by:
-                    self._kill_exec(ex["Id"])
-                    pump.thread.join(timeout=0.05)
+                # a very short timeout can come before the engine has started the process: freezing
+                # the cgroup while runc is still putting it there deadlocks the engine, so the kill
+                # waits for the process to exist (or for the exec to end)
+                self._started(ex["Id"], PID_WAIT_S)
+                self._kill_exec(ex["Id"])
+                pump.thread.join(timeout=5)
                 break
             if now >= next_poll:
                 next_poll = now + poll_s
@@ -811,6 +810,18 @@ class DockerSandbox(Sandbox):
             stdout=out, stderr=err, stdout_bytes=counts["out"], stderr_bytes=counts["err"],
             stdout_truncated=out_tr, stderr_truncated=err_tr,
         )
+
+    def _started(self, exec_id: str, wait_s: float) -> None:
+        """Return once the engine reports the exec's process (a pid) or its end, or after ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                info = self.client.api.exec_inspect(exec_id)
+            except (docker.errors.DockerException, requests.RequestException):
+                return
+            if info.get("Pid") or not info.get("Running"):
+                return
+            time.sleep(0.005)
 
     def _kill_exec(self, exec_id: str) -> None:
         """Stop a timed-out exec: in a workload sandbox the whole workload tree; in a service
