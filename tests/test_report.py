@@ -230,6 +230,18 @@ def test_selection_bias_warning_for_a_task_discarded_far_more(db):
     assert "selection-bias risk" in table.stdout
 
 
+def test_a_run_discarded_this_often_is_warned_about_however_even(db):
+    store, url = db
+    tasks = {f"t{i}": "✓✗✓✓" for i in range(6)}
+    add_run(store, "run-even", tasks, ks=(1, 2, 4), discards={t: 2 for t in tasks})  # 12 of 36: a third, on every task
+    rep = report_json(url, "run-even")
+    assert rep["discards"]["selection_bias"] == []  # no task stands out
+    assert any(w.startswith("selection-bias risk: 12 of 36 attempts (33%) were discarded and rerun (reasons: host_cpu_contention 12)")
+               for w in rep["warnings"]), rep["warnings"]
+    add_run(store, "run-few", tasks, ks=(1, 2, 4), discards={"t0": 2, "t1": 2})  # 4 of 28: under a fifth
+    assert not any("were discarded and rerun" in w for w in report_json(url, "run-few")["warnings"])
+
+
 def test_selection_bias_rule_ignores_even_discards():
     assert selection_bias({"a": (2, 10), "b": (2, 10), "c": (3, 11)}) == []
     assert selection_bias({"a": (0, 8), "b": (0, 8), "c": (6, 14)})[0]["task"] == "c"

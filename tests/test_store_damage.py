@@ -57,7 +57,11 @@ COMMANDS = [["report", "r1"], ["report", "r1", "--format", "json"], ["show", "1"
 DAMAGE = [("attempts", "reasons", "notjson"), ("attempts", "reasons", "123"), ("attempts", "node", "[1]"),
           ("attempts", "counters", "5"), ("attempts", "model_calls", "{}"), ("attempts", "phases", "notjson"),
           ("attempts", "verdict", "weird"), ("attempts", "wall_s", "xyz"), ("attempts", "started_at", "garbage"),
-          ("runs", "ks", "5"), ("runs", "trials", "x"), ("runs", "host", "[]")]
+          ("runs", "ks", "5"), ("runs", "trials", "x"), ("runs", "host", "[]"),
+          # integers where a report's read sends shared values back as small integers (codes):
+          # never taken for one
+          ("attempts", "verdict", 0), ("attempts", "outcome", 1), ("attempts", "node", 0), ("attempts", "reasons", 1),
+          ("attempts", "upstream", 0)]
 
 
 @pytest.mark.parametrize("table,column,value", DAMAGE)

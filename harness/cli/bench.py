@@ -35,6 +35,7 @@ import os
 import random
 import statistics
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -284,7 +285,6 @@ def bench_throughput(client, trials: int) -> dict:
     """Attempts/s: harness run (whole pipeline) vs a docker-compose up/exec/down loop."""
     import shutil
     import subprocess
-    import sys
     import tempfile
 
     compose = shutil.which("docker-compose")
@@ -459,13 +459,12 @@ def bench_estimator(tasks: int = 100_000, trials: int = 100, repeats: int = 5) -
     }
 
 
-def bench_report_scale(tasks: int = 12_500, trials: int = 8, repeats: int = 3) -> dict:
+def bench_report_scale(tasks: int = 12_500, trials: int = 8, repeats: int = 5) -> dict:
     """`harness report RUN --format json` of one run of tasks x trials attempts (10^5), in a
     SQLite store the bench makes: a real no-op run's attempt row, replicated by SQL with
     per-row outcomes and CPU counters, vs a raw sqlite3 SELECT * of the same rows."""
     import sqlite3
     import subprocess
-    import sys
     import tempfile
 
     from harness.store.store import REPORT_FIELDS
@@ -507,9 +506,10 @@ def bench_report_scale(tasks: int = 12_500, trials: int = 8, repeats: int = 3) -
         # the columns it reads fetched by raw sqlite3: where the time goes, and what no reader
         # of these rows in Python avoids
         phases = ("import time; T = time.perf_counter; t0 = T()\nimport harness.cli.commands\n"
-                  "from harness.cli.report import _load, _store\nfrom harness.report.build import build_report\nt1 = T()\n"
+                  "from harness.cli.report import _load, _store\nfrom harness.report.build import build_report\n"
+                  "from harness.model.units import collector_paused\nt1 = T()\n"
                   f"store = _store({f'sqlite:///{db}'!r}); run, attempts = _load(store, {run_id!r}, lean=True); t2 = T()\n"
-                  "rep = build_report(run, attempts, late=len(store.late_attempts(run.id))); t3 = T()\n"
+                  "with collector_paused(freeze=True):\n    rep = build_report(run, attempts, late=len(store.late_attempts(run.id)))\nt3 = T()\n"
                   "type(rep).__pydantic_serializer__.to_json(rep, by_alias=True, indent=2); t4 = T()\n"
                   "print(t1 - t0, t2 - t1, t3 - t2, t4 - t3)")
         # its two queries: the columns of the report index, and the rules of discarded attempts
@@ -585,7 +585,6 @@ def _kind_suites(root: Path) -> dict[str, tuple[Path, list[str]]]:
 def bench_state_kinds(rounds: int = 3, trials: int = 5) -> dict:
     """Per-attempt wall time of a no-op agent under each state kind / grader, interleaved."""
     import subprocess
-    import sys
     import tempfile
 
     from harness.store.store import Store
@@ -777,7 +776,6 @@ def bench_ray(rounds: int = 3, small: int = 4, large: int = 16) -> dict:
     slope (large - small) / (large - small trials) is the time per attempt with the fixed
     costs (start-up, joining the cluster, node checks) cancelled. Rounds interleave the two."""
     import subprocess
-    import sys
     import tempfile
 
     from harness.engine import ray_executor as rx
@@ -853,6 +851,20 @@ def write_readme_table(readme: Path, results: list[dict]) -> None:
                       f"{markdown_table([dict(r) for r in results])}\n{END}{tail}")
 
 
+def _bytecode_as_installed() -> None:
+    """The harness commands a bench times load compiled bytecode, as an installed package
+    does (pip compiles it at install): harness's modules are compiled now, and a
+    PYTHONDONTWRITEBYTECODE the caller set is not passed on, or every command would compile
+    them again (~0.05 s of each command's start-up)."""
+    import compileall
+
+    import harness
+
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+    compileall.compile_dir(str(Path(harness.__file__).parent), quiet=1)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="harness.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "15")))
@@ -861,6 +873,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--readme", type=Path, default=None,
                     help="also rewrite the table between the bench markers of this README (make bench passes README.md)")
     args = ap.parse_args(argv)
+    _bytecode_as_installed()
     client = connect()
     benches = [
         lambda: bench_overhead(client, args.rounds),

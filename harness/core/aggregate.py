@@ -1,7 +1,9 @@
 """From stored attempts to per-slot and per-task views (recomputed, never cached).
 
-Pure given the records: :func:`slot_views` groups a run's attempts by slot (its clean
-attempt, if any, and every discarded one); :func:`task_outcomes` turns those into the
+Pure given the records: :func:`slot_index` groups a run's attempts (records, or an
+:class:`~harness.model.table.AttemptTable` of their columns) by slot, in column passes;
+:func:`slot_views` makes a view per slot of it (its clean attempt, if any, and every
+discarded one); :func:`outcomes` / :func:`task_outcomes` turn it into the
 :class:`~harness.model.outcomes.TaskOutcomes` every estimator, report, gate and sweep
 reads; :func:`summarize` is the short summary ``run`` and ``runs`` print.
 """
@@ -10,13 +12,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import eq
 from typing import Any, Iterable
+
+import numpy as np
 
 from harness.core.estimator import pass_at_k, pass_hat_k
 from harness.core.outcome import slot_status
 from harness.model.attempt import AttemptRecord
 from harness.model.outcomes import SlotStatus, TaskOutcomes
 from harness.model.run import RunRecord
+from harness.model.table import AttemptTable
 
 
 @dataclass(slots=True)
@@ -39,60 +46,134 @@ class SlotView:
         return ([self.clean] if self.clean is not None else []) + self.discarded
 
 
+# a slot's state in SlotIndex.state: its clean attempt passed, failed, or there is none
+PASS, FAIL, NONE = 0, 1, -1
+
+
+@dataclass(slots=True)
+class SlotIndex:
+    """Which attempts of a table belong to which slot, as row numbers of the table.
+
+    Slot ``i`` of the ``t``-th task is position ``t * trials + i``. The one grouping every
+    view of a run reads (slot views, task outcomes, the report): the first clean attempt of
+    a slot by (attempt number, id) counts, and several clean ones are never counted twice."""
+
+    task_ids: list[str]  # the run's tasks, each once, in run order
+    trials: int
+    clean: list[int]  # position -> row of the slot's counting clean attempt, or -1
+    state: list[list[int]]  # per task, per slot: PASS / FAIL (its counting clean attempt), NONE
+    discarded: dict[int, list[int]]  # position -> rows of the slot's discarded attempts, by (attempt number, id)
+    thrown: list[int]  # rows of every attempt not clean (a stray one too), in table order
+    strays: list[int]  # rows of attempts in no slot of the run (a task it does not have, a slot past its trials)
+
+
+def slot_index(attempts: Any, task_ids: list[str], trials: int) -> SlotIndex:
+    """Group a run's attempts (records, or an AttemptTable) by slot in C-level passes over
+    their columns: no object per attempt or per slot. Independent of the order attempts
+    arrive in."""
+    table = AttemptTable.of(attempts)
+    tids = list(dict.fromkeys(task_ids))
+    n = len(table)
+    pos = {t: i for i, t in enumerate(tids)}
+    tix = np.fromiter(map(pos.get, table.col("task_id"), repeat(-1)), np.int64, n)
+    slot = np.fromiter(table.col("slot"), np.int64, n)
+    in_run = (tix >= 0) & (slot >= 0) & (slot < trials)
+    key = tix * trials + slot
+    clean = np.fromiter(map(eq, table.col("verdict"), repeat("clean")), bool, n)
+    ids = table.col("id")
+    if None in ids:  # records not stored yet
+        ids = [0 if i is None else i for i in ids]
+    attempt_no = table.col("attempt_no")
+    # the counting clean attempt of each slot: the first by (slot, attempt number, id); a
+    # stable sort, so equal keys keep the order given
+    rows = np.flatnonzero(clean & in_run)
+    if len(rows):
+        rows = rows[np.lexsort((np.fromiter(ids, np.int64, n)[rows], np.fromiter(attempt_no, np.int64, n)[rows], key[rows]))]
+        k = key[rows]
+        first = np.ones(len(rows), bool)
+        first[1:] = k[1:] != k[:-1]
+    at = np.full(len(tids) * trials, -1, np.int64)
+    if len(rows):
+        at[k[first]] = rows[first]
+    state = np.full(len(at), NONE, np.int64)
+    has = at >= 0
+    if has.any():
+        passed = np.fromiter(map(eq, table.col("outcome"), repeat("pass")), bool, n)
+        state[has] = np.where(passed[at[has]], PASS, FAIL)
+    discarded: dict[int, list[int]] = {}
+    d_rows = np.flatnonzero(~clean & in_run).tolist()
+    for r, p in zip(d_rows, key[d_rows].tolist()):
+        discarded.setdefault(p, []).append(r)
+    for group in discarded.values():
+        if len(group) > 1:
+            group.sort(key=lambda r: (attempt_no[r], ids[r]))
+    return SlotIndex(tids, trials, at.tolist(), state.reshape(len(tids), trials).tolist(), discarded,
+                     np.flatnonzero(~clean).tolist(), np.flatnonzero(~in_run).tolist())
+
+
 def slot_views(attempts: Iterable[AttemptRecord], task_ids: list[str], trials: int, max_reruns: int | None = None,
                refills: dict[str, int] | None = None) -> dict[str, list[SlotView]]:
-    """Group attempts into slots. If a slot somehow has several clean attempts (it should
-    not), the first one counts and the rest are ignored, so nothing is counted twice.
-    ``refills``: the run's refilled slots ("task/slot" -> attempt number refilled after)."""
-    if refills:
-        views = {t: [SlotView(t, i, None, [], max_reruns, refills.get(f"{t}/{i}", 0)) for i in range(trials)] for t in task_ids}
-    else:  # positional, no key per slot: 10^5 slots in a large run
-        views = {t: [SlotView(t, i, None, [], max_reruns) for i in range(trials)] for t in task_ids}
-    # one pass in the order given (a store reads in insertion order), then each slot's own
-    # attempts put in (attempt number, id) order: no sort of the whole run
-    several: list[SlotView] = []
-    for a in attempts:
-        row = views.get(a.task_id)
-        if row is None or a.slot >= trials:
-            continue
-        v = row[a.slot]
-        if a.verdict == "clean":
-            if v.clean is None or (a.attempt_no, a.id or 0) < (v.clean.attempt_no, v.clean.id or 0):
-                v.clean = a  # the first clean attempt counts
-        else:
-            if len(v.discarded) == 1:
-                several.append(v)
-            v.discarded.append(a)
-    for v in several:
-        v.discarded.sort(key=lambda a: (a.attempt_no, a.id or 0))
+    """Group attempts into slots (see :func:`slot_index`): each slot's clean attempt and its
+    discarded ones in (attempt number, id) order. ``refills``: the run's refilled slots
+    ("task/slot" -> attempt number refilled after)."""
+    table = AttemptTable.of(attempts)
+    ix = slot_index(table, task_ids, trials)
+    refills = refills or {}
+    views: dict[str, list[SlotView]] = {}
+    for ti, t in enumerate(ix.task_ids):
+        row = views[t] = []
+        for i in range(trials):
+            p = ti * trials + i
+            c = ix.clean[p]
+            row.append(SlotView(t, i, table[c] if c >= 0 else None, table.rows(ix.discarded.get(p, ())), max_reruns,
+                                refills.get(f"{t}/{i}", 0)))
     return views
 
 
-def outcomes_of(task: str, slots: list[SlotView]) -> TaskOutcomes:
-    """One task's outcomes from its slot views."""
-    kinds: dict[str, int] = defaultdict(int)
-    trials: list[bool] = []
-    statuses: list[SlotStatus] = []
-    for s in slots:  # one pass (10^5 slots in a large run's report)
-        c = s.clean
-        if c is None:
-            statuses.append(s.status)
-        elif c.outcome == "pass":
-            trials.append(True)
-            statuses.append("pass")
+_STATUS = ("pass", "fail", "pending")  # by PASS, FAIL, NONE (-1: the last)
+
+
+def outcomes(attempts: Any, ix: SlotIndex, max_reruns: int | None = None, refills: dict[str, int] | None = None) -> list[TaskOutcomes]:
+    """Every task's outcomes from the slot index of ``attempts`` (records or their table),
+    in the index's task order: the clean attempt of each slot in trial order; a slot without
+    one is pending, or unmeasured once its rerun budget is spent (slot_status)."""
+    table = AttemptTable.of(attempts)
+    trials = ix.trials
+    kind = table.col("failure_kind")
+    # slots without a clean attempt but with discarded ones: their status asks their records
+    special: dict[int, dict[int, SlotStatus]] = {}
+    for p, rows in ix.discarded.items():
+        if ix.clean[p] < 0:
+            t, i = divmod(p, trials)
+            after = refills.get(f"{ix.task_ids[t]}/{i}", 0) if refills else 0
+            special.setdefault(t, {})[i] = slot_status(None, table.rows(rows), max_reruns, after)
+    out = []
+    for ti, t in enumerate(ix.task_ids):
+        st = ix.state[ti]
+        statuses: list[SlotStatus] = list(map(_STATUS.__getitem__, st))
+        if NONE in st:
+            for i, s in special.get(ti, {}).items():
+                statuses[i] = s
+            trials_ = [x == PASS for x in st if x != NONE]
         else:
-            trials.append(False)
-            statuses.append("fail")
-            kinds[c.failure_kind or "unknown"] += 1
-    # built from values made here (bools, slot statuses, counts): validating them again per
-    # task was a tenth of a 10^5-attempt report
-    return TaskOutcomes.model_construct(task_id=task, trials=trials, slots=statuses, failure_kinds=dict(kinds))
+            trials_ = list(map(PASS.__eq__, st))
+        kinds: dict[str, int] = {}
+        if FAIL in st:
+            base = ti * trials
+            for i, x in enumerate(st):
+                if x == FAIL:
+                    k = kind[ix.clean[base + i]] or "unknown"
+                    kinds[k] = kinds.get(k, 0) + 1
+        # built from values made here (bools, slot statuses, counts): validating them again per
+        # task was a tenth of a 10^5-attempt report
+        out.append(TaskOutcomes.made(t, trials_, statuses, kinds))
+    return out
 
 
 def task_outcomes(run: RunRecord, attempts: Iterable[AttemptRecord]) -> list[TaskOutcomes]:
     """Every task of the run, in the run's task order."""
-    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns, run.refills)
-    return [outcomes_of(t, v) for t, v in views.items()]
+    table = AttemptTable.of(attempts)
+    return outcomes(table, slot_index(table, list(run.task_ids), run.trials), run.max_reruns, run.refills)
 
 
 def metric(t: TaskOutcomes, name: str, k: int) -> float | None:
@@ -105,7 +186,7 @@ def metric(t: TaskOutcomes, name: str, k: int) -> float | None:
 def summarize(run: RunRecord, attempts: list[AttemptRecord]) -> dict[str, Any]:
     """Per-task rows and suite metrics of a run, recomputed from its attempts."""
     views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns, run.refills)
-    tasks = {t: outcomes_of(t, v) for t, v in views.items()}
+    tasks = {t.task_id: t for t in task_outcomes(run, attempts)}
     ks = sorted(set([1, *run.ks]))
     metrics: dict[str, float | None] = {}
     excluded: dict[str, list[str]] = {}

@@ -668,8 +668,8 @@ def _cochran_q(tasks: Sequence[TaskOutcomes]) -> tuple[float, int, float, int] |
     n_star = max(counts, key=lambda n: (counts[n], n))
     rows = [t.trials for t in tasks if t.n == n_star]
     T = n_star
-    col = [sum(r[j] for r in rows) for j in range(T)]
-    row = [sum(r) for r in rows]
+    col = list(map(sum, zip(*rows)))  # passes per trial index
+    row = list(map(sum, rows))
     N = sum(row)
     denom = T * N - sum(r * r for r in row)
     if denom == 0:  # every block all-pass or all-fail: no within-task variation to test
@@ -980,6 +980,7 @@ def t_cdf(x: float, df: float) -> float:
     return 1 - tail if x > 0 else tail
 
 
+@functools.lru_cache(maxsize=256)  # a report asks the same (q, df) for each of its intervals
 def t_ppf(q: float, df: float) -> float:
     """Quantile of Student's t with ``df`` degrees of freedom, by bisection on t_cdf."""
     q = _prob("t_ppf", "q", q)

@@ -81,7 +81,7 @@ _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class CgroupMount(_M):

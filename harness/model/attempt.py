@@ -30,7 +30,7 @@ COUNTER_COLUMNS = (
 class AttemptRecord(BaseModel):
     """One attempt of one slot (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     id: int | None = Field(None, description="Store id (None until stored).")
     run_id: str = Field(..., description="The run.")

@@ -13,7 +13,7 @@ Metric = Literal["pass@1", "pass@k", "pass^k"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class TaskMetrics(_Model):

@@ -22,7 +22,7 @@ PROVIDERS = {  # name -> (default base URL, the secret that holds its key, the e
 
 
 class _Rec(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class ModelCall(_Rec):

@@ -12,7 +12,7 @@ MAX_VERDICT_BYTES = 256 * 1024  # what the controller reads of a grader's stdout
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Check(_M):

@@ -16,7 +16,7 @@ MARKS = {"pass": "✓", "fail": "✗", "unmeasured": "·", "pending": "?"}
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class TaskOutcomes(_Model):
@@ -50,6 +50,19 @@ class TaskOutcomes(_Model):
         """Number of passing clean trials."""
         return sum(self.trials)
 
+    @classmethod
+    def made(cls, task_id: str, trials: list[bool], slots: list[SlotStatus], failure_kinds: dict[str, int]) -> "TaskOutcomes":
+        """From values harness made itself (the slot index's outcomes: bools, slot statuses,
+        counts), unvalidated, with n and c already counted: what ``model_construct`` makes,
+        in a fifth of its time (10^4 tasks per large report)."""
+        m = cls.__new__(cls)
+        object.__setattr__(m, "__dict__", {"task_id": task_id, "trials": trials, "slots": slots, "failure_kinds": failure_kinds,
+                                           "n": len(trials), "c": trials.count(True)})  # n, c: what the cached properties keep
+        object.__setattr__(m, "__pydantic_fields_set__", set(_FIELDS))
+        object.__setattr__(m, "__pydantic_extra__", None)
+        object.__setattr__(m, "__pydantic_private__", None)
+        return m
+
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "TaskOutcomes":
         out = super().model_copy(update=update, deep=deep)
         out.__dict__.pop("n", None)
@@ -58,7 +71,7 @@ class TaskOutcomes(_Model):
 
     def marks(self) -> str:
         """✓ pass, ✗ fail, · unmeasured, ? not run yet: one mark per slot in trial order."""
-        return "".join(MARKS[s] for s in self.slots)
+        return "".join(map(MARKS.__getitem__, self.slots))
 
     @property
     def unmeasured(self) -> list[int]:
@@ -69,3 +82,6 @@ class TaskOutcomes(_Model):
     def pending(self) -> list[int]:
         """Slots not finished (never run, or cut short by an interruption)."""
         return [i for i, s in enumerate(self.slots) if s == "pending"]
+
+
+_FIELDS = frozenset(TaskOutcomes.model_fields)

@@ -23,7 +23,7 @@ MAX_SLOTS = 10_000_000  # tasks x trials of one run: every reader holds a view o
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:

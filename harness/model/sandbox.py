@@ -42,7 +42,7 @@ class ExportFile:
 class ExecResult(BaseModel):
     """The outcome of one command run inside the sandbox."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     cmd: list[str] = Field(..., description="The command as executed.")
     exit_code: int | None = Field(None, description="Exit status; None if it could not be read (engine error).")
     timed_out: bool = Field(False, description="The wall-clock timeout fired and the process tree was killed.")
@@ -58,7 +58,7 @@ class ExecResult(BaseModel):
 class EnvelopeCheck(BaseModel):
     """The envelope read back from the kernel compared with the profile."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     applied: CgroupLimits | None = Field(None, description="Limits read from the container's cgroup.")
     expected: dict[str, Any] = Field(default_factory=dict, description="What the profile asked for, in the same units.")
     mismatches: list[str] = Field(default_factory=list, description="One line per limit that differs (empty = applied).")
@@ -71,7 +71,7 @@ class EnvelopeCheck(BaseModel):
 class AttemptResult(BaseModel):
     """What `harness sandbox exec` prints: one attempt of one command under one envelope."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     container: str = Field(..., description="Container name (removed after the attempt).")
     image: str = Field(..., description="Image the sandbox ran.")
     profile: str = Field(..., description="Profile name.")

@@ -12,7 +12,7 @@ Scope = Literal["host", "envelope", "upstream"]
 class RuleResult(BaseModel):
     """One SLA rule evaluated on one attempt."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     rule: str = Field(..., description="Rule name, e.g. host_cpu_contention.")
     scope: Scope = Field(..., description="host: the node broke its promise; envelope: the envelope starved the task; "
                         "upstream: the model API failed the agent.")
@@ -28,7 +28,7 @@ class RuleResult(BaseModel):
 class Judgement(BaseModel):
     """The verdict on one attempt."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     verdict: Literal["clean", "discarded"] = Field(..., description="clean attempts reach the estimator; discarded ones are kept as evidence.")
     rules: list[RuleResult] = Field(default_factory=list, description="Every rule evaluated, breached or not.")
 

@@ -102,7 +102,7 @@ class FileExpectation(_Strict):
     json_key: str | None = Field(None, alias="json", description="A key path into the file parsed as JSON: 'server.port', 'items[0].name'.")
     toml_key: str | None = Field(None, alias="toml", description="A key path into the file parsed as TOML.")
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
     @field_validator("path")
     @classmethod

@@ -203,15 +203,19 @@ def utcnow() -> dt.datetime:
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused(freeze: bool = False) -> Iterator[None]:
     """No cycle collection inside: code that makes 10^5 new objects (a large run's records, its
     report) would have the collector walk the growing heap again and again, for garbage it
-    does not make. Resumed on exit (if it was on), whatever happens."""
+    does not make. Resumed on exit (if it was on), whatever happens. ``freeze``: what was
+    made inside lives until the process ends (a command's loaded run, its report): it is
+    moved out of the collector's sight first, or resuming would walk all of it once more."""
     on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if freeze:
+            gc.freeze()
         if on:
             gc.enable()
 
@@ -224,7 +228,7 @@ class StrictModel(BaseModel):
     refused, and so is ``true`` where a number goes (pydantic would read it as 1: a time limit
     of one second, one core)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -1,7 +1,7 @@
 """Building the :class:`~harness.model.report.Report` of a run from its stored attempts.
 
-Records in, a validated Report out; no database, no Docker, no CLI. Nothing is cached:
-``build_report(run, attempts)`` derives every figure from the attempts it is given (only the
+Records (or their columns, an AttemptTable) in, a Report out; no database, no Docker, no
+CLI. Nothing is cached: ``build_report(run, attempts)`` derives every figure from the attempts it is given (only the
 clean attempt of each slot is scored; unmeasured slots are listed, never counted), so adding
 an attempt changes the next report. The renderers are ``harness.report.render``.
 """
@@ -9,14 +9,16 @@ an attempt changes the next report. The renderers are ``harness.report.render``.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 from collections import Counter
 from itertools import compress
-from operator import attrgetter
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from harness.core.aggregate import SlotView, outcomes_of, slot_views
+from pydantic import TypeAdapter
+
+from harness.core.aggregate import FAIL, NONE, outcomes, slot_index
 from harness.core.envelope import ENVELOPE_FACTS, envelope_differences, node_name
 from harness.core.estimator import (
     ESTIMANDS,
@@ -33,8 +35,9 @@ from harness.core.estimator import (
     wilson_interval,
 )
 from harness.model.attempt import FAILURE_KINDS, AttemptRecord
-from harness.model.report import REPORT_SCHEMA, Report
+from harness.model.report import REPORT_SCHEMA, Report, TaskRow
 from harness.model.run import RunRecord
+from harness.model.table import AttemptTable
 from harness.model.units import collector_paused, one_line
 from harness.report.usage import discard_scopes, unpriced_models, usage_of
 
@@ -45,6 +48,10 @@ N_BOOT = 2000
 BIAS_RATIO = 3.0
 BIAS_MIN_DISCARDS = 3
 BIAS_ALPHA = 0.05
+# A run whose attempts were discarded this often (interruptions left out), however evenly
+# over its tasks, is warned about too: the per-task test compares tasks with each other, so
+# discards that follow what the agent did on every task would pass it unseen.
+DISCARD_SHARE = 0.2
 
 
 # =========================================================================== building
@@ -169,10 +176,6 @@ def selection_bias(per_task: dict[str, tuple[int, int]]) -> list[dict[str, Any]]
     return out
 
 
-def _slot_reasons(s: SlotView) -> list[str]:
-    return sorted({r for a in s.discarded for r in (a.reasons or ["unknown"])})
-
-
 def _breach_lines(a: Any) -> list[str]:
     lines = []
     for r in a.rules or []:
@@ -222,80 +225,97 @@ def build_report(
     ``harness.report.prices``) prices the model calls; without it every cost is null.
     ``late`` counts the records of attempts presumed lost that arrived afterwards (the store's).
     """
-    with collector_paused():  # 10^5 attempts make 10^5 slot views and their rows
-        return _build(run, list(attempts), k, seed, n_boot, prices, late)
+    with collector_paused():  # 10^5 attempts make 10^4 task rows and their failed trials
+        return _build(run, AttemptTable.of(attempts), k, seed, n_boot, prices, late)
 
 
-def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: int, n_boot: int,
+def _build(run: RunRecord, attempts: AttemptTable, k: int | None, seed: int, n_boot: int,
            prices: Mapping[str, Mapping[str, float]] | None, late: int) -> Report:
     ks = run_ks(run)
     gate_k = max(ks) if k is None else int(k)
     problem = check_k(run, gate_k)
     if problem:
         raise ValueError(problem)
-    views = slot_views(attempts, list(run.task_ids), run.trials, run.max_reruns, getattr(run, "refills", None))
-    outs = [outcomes_of(t, v) for t, v in views.items()]
+    ix = slot_index(attempts, list(run.task_ids), run.trials)
+    refills = getattr(run, "refills", None)
+    outs = outcomes(attempts, ix, run.max_reruns, refills)
     sm = suite_metrics(outs, ks)
     pair_memo: dict[tuple[int, int], tuple[dict[str, float | None], list[float] | None]] = {}
     bk = buckets(outs)
     bucket_of = {t: name for name in ("always", "sometimes", "never", "unmeasured") for t in getattr(bk, name)}
 
-    # ---- per task
+    # ---- per task: from the columns and the slot index (10^5 attempts: no object per attempt
+    # or per slot; a discarded attempt's record is made when it is read)
+    trials = run.trials
+    ids, wall_s, failure_kind = attempts.col("id"), attempts.col("wall_s"), attempts.col("failure_kind")
+    grade_reason, error = attempts.col("grade_reason"), attempts.col("error")
+    disc_of: dict[int, list[int]] = {}  # task -> positions of its slots with discarded attempts
+    for p in ix.discarded:
+        disc_of.setdefault(p // trials, []).append(p)
     rows: list[dict[str, Any]] = []
     discard_counts: dict[str, tuple[int, int]] = {}
     unmeasured: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = []
-    by_task_attempts: dict[str, list[AttemptRecord]] = {}
     # a run without a gateway has no usage anywhere: asked once, not per task (10^5 attempts)
-    gateway = any(a.upstream or a.model_calls for a in attempts)
-    for a in attempts if gateway else ():
-        by_task_attempts.setdefault(a.task_id, []).append(a)
+    gateway = any(attempts.col("upstream")) or any(attempts.col("model_calls"))
+    by_task_attempts: dict[str, list[int]] = {}  # task -> rows of every attempt of it (what it spent), in table order
+    for r, task_id in enumerate(attempts.col("task_id") if gateway else ()):
+        by_task_attempts.setdefault(task_id, []).append(r)
     scored_all: list[AttemptRecord] = []
-    for t in outs:
-        slots = views[t.task_id]
+    for ti, t in enumerate(outs):
+        base = ti * trials
+        at = ix.clean[base:base + trials]
+        st = ix.state[ti]
         fk = {kind: 0 for kind in FAILURE_KINDS}
         for kind, cnt in t.failure_kinds.items():
             fk[kind] = fk.get(kind, 0) + cnt
-        # one pass over the slots for what the row counts (10^5 attempts: one loop, not six)
-        n_disc = n_clean = clean_exit_wrong = 0
-        wall = 0.0
-        scored: list[AttemptRecord] = []
-        failed_trials: list[dict[str, Any]] = []
-        for s in slots:
-            c = s.clean
-            if c is not None:
-                n_clean += 1
-                wall += float(c.wall_s or 0.0)
-                scored.append(c)
-                if c.outcome != "pass":
-                    clean_exit_wrong += c.failure_kind == "wrong_state"
-                    failed_trials.append({"slot": s.slot, "attempt_id": c.id, "failure_kind": c.failure_kind or "",
-                                          "reason": (c.grade_reason or c.error or "")[:300]})
-            for a in s.discarded:
-                n_disc += 1
-                wall += float(a.wall_s or 0.0)
-        task_attempts = n_disc + n_clean
-        reasons: Counter[str] = Counter(r for s in slots for a in s.discarded for r in (a.reasons or ["unknown"])) if n_disc else Counter()
-        discard_counts[t.task_id] = (n_disc, task_attempts)
+        failed_trials = [{"slot": i, "attempt_id": ids[r], "failure_kind": failure_kind[r] or "",
+                          "reason": (grade_reason[r] or error[r] or "")[:300]}
+                         for i, (x, r) in enumerate(zip(st, at)) if x == FAIL] if FAIL in st else []
+        clean_rows = [r for r in at if r >= 0] if NONE in st else at
+        positions = disc_of.get(ti, ())
+        n_disc = 0
+        reasons: dict[str, int] = {}
         t_unmeasured = []
-        for s in slots if n_disc else ():  # a slot without a discarded attempt is never unmeasured
-            if s.status != "unmeasured":
-                continue
-            last = max(s.discarded, key=lambda a: (a.attempt_no, a.id or 0))
-            item = {
-                "task": t.task_id,
-                "slot": s.slot,
-                "attempts": len(s.discarded),
-                "reasons": _slot_reasons(s),
-                "breaches": _breach_lines(last),
-                "message": last.error or "",
-            }
-            t_unmeasured.append(item)
-            unmeasured.append(item)
-        for i in t.pending:
+        if positions:  # a slot's attempts in slot order: its clean one, then its discarded ones
+            wall = 0.0
+            for i in range(trials):
+                if at[i] >= 0:
+                    wall += float(wall_s[at[i]] or 0.0)
+                for r in ix.discarded.get(base + i, ()):
+                    wall += float(wall_s[r] or 0.0)
+            for p in sorted(positions):
+                discarded = attempts.rows(ix.discarded[p])
+                n_disc += len(discarded)
+                for a in discarded:
+                    for r in a.reasons or ["unknown"]:
+                        reasons[r] = reasons.get(r, 0) + 1
+                if t.slots[p - base] != "unmeasured":
+                    continue
+                last = max(discarded, key=lambda a: (a.attempt_no, a.id or 0))
+                item = {
+                    "task": t.task_id,
+                    "slot": p - base,
+                    "attempts": len(discarded),
+                    "reasons": sorted({r for a in discarded for r in (a.reasons or ["unknown"])}),
+                    "breaches": _breach_lines(last),
+                    "message": last.error or "",
+                }
+                t_unmeasured.append(item)
+                unmeasured.append(item)
+        else:
+            wall = sum(map(wall_s.__getitem__, clean_rows), 0.0)
+        task_attempts = n_disc + len(clean_rows)
+        discard_counts[t.task_id] = (n_disc, task_attempts)
+        t_pending = t.pending if "pending" in t.slots else []
+        for i in t_pending:
             pending.append({"task": t.task_id, "slot": i})
         metrics, pass1_ci = pair_memo.get((t.n, t.c)) or pair_memo.setdefault((t.n, t.c), _pair_figures(t.n, t.c, ks))
-        scored_all += scored
+        usage = None
+        if gateway:
+            scored = attempts.rows(clean_rows)
+            scored_all += scored
+            usage = usage_of(attempts.rows(by_task_attempts.get(t.task_id, ())), scored, prices)
         rows.append(
             {
                 "task": t.task_id,
@@ -303,21 +323,21 @@ def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: i
                 "outcomes": list(t.trials),
                 "n": t.n,
                 "c": t.c,
-                "slots": len(slots),
+                "slots": trials,
                 "pass1": metrics["pass@1"],
                 "pass1_ci": pass1_ci,
                 "metrics": metrics,
                 "failure_kinds": fk,
                 "failures": t.n - t.c,
-                "clean_exit_wrong_state": clean_exit_wrong,
+                "clean_exit_wrong_state": t.failure_kinds.get("wrong_state", 0),
                 "bucket": bucket_of[t.task_id],
                 "attempts": task_attempts,
                 "discarded": n_disc,
                 "discard_reasons": dict(sorted(reasons.items())),
                 "unmeasured": t_unmeasured,
-                "pending": len(t.pending),
+                "pending": len(t_pending),
                 "wall_s": round(wall, 3),
-                "usage": usage_of(by_task_attempts.get(t.task_id, []), scored, prices) if gateway else None,
+                "usage": usage,
                 "failed_trials": failed_trials,
             }
         )
@@ -368,11 +388,11 @@ def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: i
     }
 
     # ---- discards
-    thrown = [a for a in attempts if a.verdict != "clean"]
+    thrown = attempts.rows(ix.thrown)
     attempts_clean = len(attempts) - len(thrown)
     by_reason: Counter[str] = Counter(r for a in thrown for r in (a.reasons or ["unknown"]))
     by_scope: Counter[str] = Counter(sc for a in thrown for sc in discard_scopes(a))
-    usage = _run_usage(attempts, scored_all, rows, prices) if gateway else None
+    usage = _run_usage(list(attempts), scored_all, rows, prices) if gateway else None
     bias = selection_bias(discard_counts)
     for b in bias:
         reasons = next(r["discard_reasons"] for r in rows if r["task"] == b["task"])
@@ -394,6 +414,14 @@ def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: i
 
     # ---- warnings, most important first
     warnings: list[str] = [b["message"] for b in bias]
+    charged = [a for a in thrown if "interrupted" not in (a.reasons or ())]  # an interruption says nothing of the agent
+    if len(charged) >= BIAS_MIN_DISCARDS and len(charged) >= DISCARD_SHARE * len(attempts):
+        why = Counter(r for a in charged for r in (a.reasons or ["unknown"]))
+        warnings.append(
+            f"selection-bias risk: {len(charged)} of {len(attempts)} attempts ({len(charged) / len(attempts):.0%}) were discarded and "
+            f"rerun (reasons: {counts_text(dict(why.most_common(6)))}); the scored attempts are a fair sample only if what "
+            f"discarded them did not depend on what the agent did -- read them (`harness trials {run.id} --verdict discarded`) "
+            "before trusting the figures")
     status = getattr(run, "status", "complete")
     if status != "complete":
         warnings.append(f"run {run.id} is {status}, not complete; figures cover the slots measured so far")
@@ -442,14 +470,13 @@ def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: i
                         + "; ".join(nodes["differ"]) + "): the figures mix environments")
     if late:
         warnings.append(f"{late} record(s) of attempts presumed lost arrived late; kept as evidence, never scored")
-    tids = set(run.task_ids)
-    strays = [a for a in attempts if a.task_id not in tids or a.slot >= run.trials]
+    strays = attempts.rows(ix.strays)
     if strays:  # harness never writes them: a store changed outside it, or two runs mixed
         first = strays[0]
         warnings.insert(0, f"{len(strays)} stored attempt(s) belong to no slot of this run (a task it does not have or a slot "
                            f"beyond its {run.trials} trials; e.g. task {one_line(first.task_id, 60)!r} slot {first.slot}): kept, never scored")
 
-    return Report.model_validate({
+    report = Report.model_validate({
         "schema": REPORT_SCHEMA,
         "run": {
             "id": run.id,
@@ -469,7 +496,7 @@ def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: i
         "n_tasks": len(outs),
         "not_run": not_run,
         "conf": CONF,
-        "tasks": rows,
+        "tasks": [],
         "suite": suite,
         "buckets": bk.model_dump(mode="json"),
         "attempts": {"total": len(attempts), "clean": attempts_clean, "discarded": len(attempts) - attempts_clean},
@@ -489,6 +516,18 @@ def _build(run: RunRecord, attempts: list[AttemptRecord], k: int | None, seed: i
         "late_attempts": late,
         "warnings": warnings,
     })
+    # The task rows are set in as made: every value in them was made above from values checked
+    # where they were read (the store's columns, the slot index, the estimators), and at 10^4
+    # tasks validating them once more was a twentieth of the report. A row holding nested
+    # records (a task's usage, its unmeasured slots) is validated whole; the tests validate
+    # every row of the reports of random runs (tests/test_report_columns.py).
+    return report.model_copy(update={"tasks": [_task_row().validate_python(r) if r["usage"] is not None or r["unmeasured"] else r
+                                               for r in rows]})
+
+
+@functools.cache
+def _task_row() -> TypeAdapter[TaskRow]:
+    return TypeAdapter(TaskRow)
 
 
 def node_summary(attempts: Sequence[AttemptRecord], executor: str) -> dict[str, Any] | None:
@@ -496,8 +535,9 @@ def node_summary(attempts: Sequence[AttemptRecord], executor: str) -> dict[str, 
     scored ones (None when no record carries node facts)."""
     # grouped by the facts object first: a lean read shares one decoded dict per distinct value
     # (C-level passes over 10^5 attempts: map, zip, Counter, compress)
-    nodes = list(map(attrgetter("node"), attempts))
-    clean_of = Counter(map(id, compress(nodes, map("clean".__eq__, map(attrgetter("verdict"), attempts)))))
+    table = AttemptTable.of(attempts)
+    nodes = table.col("node")
+    clean_of = Counter(map(id, compress(nodes, map("clean".__eq__, table.col("verdict")))))
     by_id = dict(zip(map(id, nodes), nodes))
     groups = {i: [by_id[i], n, clean_of.get(i, 0)] for i, n in Counter(map(id, nodes)).items() if by_id[i]}  # id(node) -> [node, attempts, clean]
     if not groups:
