@@ -244,3 +244,36 @@ def test_a_value_where_toml_wants_a_list_says_the_form_it_takes():
         Task.model_validate({"id": "t", "title": "t", "prompt": "p", "expect": {"name": "x", "query": "SELECT 1", "rows": [[1]]}})
     assert format_validation_error("tasks/t.toml", e.value, Task, short={"expect"}) == (
         "tasks/t.toml: expect: Input should be a valid list (write each expectation as its own [[expect]] table, with two brackets)")
+
+
+def test_a_misspelt_required_key_is_one_line_with_its_suggestion(tiny_copy):
+    # `quary` for `query` in an [[expect]] table: the unknown key says what to fix; "query:
+    # Field required" beside it only repeats the same mistake as a second problem
+    _edit(tiny_copy / "tasks" / "refund-one.toml", 'query = "SELECT order_id', 'quary = "SELECT order_id')
+    assert errors_of(tiny_copy) == [f"{tiny_copy}/tasks/refund-one.toml: expect.0.quary: unknown key (did you mean 'query'?)"]
+
+
+def test_a_missing_field_is_kept_when_no_unknown_key_suggests_it():
+    from pydantic import ValidationError
+
+    from harness.model.suite import Task
+    from harness.model.units import format_validation_error
+
+    def lines(expect: dict) -> list[str]:
+        with pytest.raises(ValidationError) as e:
+            Task.model_validate({"id": "t", "title": "t", "prompt": "p", "expect": [expect]})
+        return format_validation_error("tasks/t.toml", e.value, Task, short={"expect"}).splitlines()
+
+    # `rowz` suggests `rows`, not the missing `query`: both are problems of their own
+    assert lines({"name": "x", "rowz": [[1]]}) == [
+        "tasks/t.toml: expect.0.rowz: unknown key (did you mean 'rows'?)",
+        "tasks/t.toml: expect.0.query: Field required",
+    ]
+    # the same misspelling in another table does not hide this one's missing query
+    with pytest.raises(ValidationError) as e:
+        Task.model_validate({"id": "t", "title": "t", "prompt": "p",
+                             "expect": [{"name": "x", "quary": "SELECT 1", "rows": [[1]]}, {"name": "y", "rows": [[1]]}]})
+    assert format_validation_error("tasks/t.toml", e.value, Task, short={"expect"}).splitlines() == [
+        "tasks/t.toml: expect.0.quary: unknown key (did you mean 'query'?)",
+        "tasks/t.toml: expect.1.query: Field required",
+    ]

@@ -135,16 +135,25 @@ LIST_HINTS = {
 }
 
 
+def closest(word: str, choices: Any) -> str | None:
+    """The choice closest to a mistyped ``word``, or None when none is close."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def did_you_mean(word: str, choices: Any) -> str:
     """' (did you mean 'x'?)' for the choice closest to a mistyped ``word``, or ''."""
-    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 def format_validation_error(source: str, err: ValidationError, model: Any = None, short: set[str] | None = None) -> str:
     """One line per problem: ``file: key: message``; an unknown key gets a "did you mean"
-    when ``model`` has a field close to it. ``short``: top-level keys of a task's short form."""
-    lines: list[tuple[bool, str]] = []
+    when ``model`` has a field close to it. ``short``: top-level keys of a task's short form.
+    A required field reported missing beside an unknown key that suggests it (``quary`` for
+    ``query``) is left out: the unknown key's line says what to fix."""
+    lines: list[tuple[bool, str, tuple | None]] = []  # (not an unknown key, line, raw location of a missing field)
+    suggested: set[tuple] = set()  # raw locations of the fields an unknown key's "did you mean" names
     for e in err.errors():
         raw = tuple(e["loc"])  # tags and long-form keys: what the models are walked by
         e = {**e, "loc": clean_loc(raw, short)}
@@ -159,14 +168,17 @@ def format_validation_error(source: str, err: ValidationError, model: Any = None
                 msg += (f" (in TOML, keys written after a [[{e['loc'][-3]}]] table belong to it: move {key!r} above the "
                         f"first [[{e['loc'][-3]}]])")
             elif owner is not None:
-                msg += did_you_mean(key, list(owner.model_fields) + list(getattr(owner, "short_keys", ())))
+                meant = closest(key, list(owner.model_fields) + list(getattr(owner, "short_keys", ())))
+                if meant is not None:
+                    msg += f" (did you mean {meant!r}?)"
+                    suggested.add((*raw[:-1], meant))
         elif e["type"] == "list_type" and e["loc"] and str(e["loc"][-1]) in LIST_HINTS:
             msg += f" ({LIST_HINTS[str(e['loc'][-1])]})"
-        lines.append((e["type"] != "extra_forbidden",
-                      f"{source}: {msg}" if not e["loc"] and re.match(r"^[\w.]+: ", msg) else f"{source}: {loc}: {msg}"))
+        line = f"{source}: {msg}" if not e["loc"] and re.match(r"^[\w.]+: ", msg) else f"{source}: {loc}: {msg}"
+        lines.append((e["type"] != "extra_forbidden", line, raw if e["type"] == "missing" else None))
     # unknown keys first: a misspelt key is often why a check on the others fails ("trails"
     # leaves trials at its default, which k then exceeds)
-    return "\n".join(line for _, line in sorted(lines, key=lambda x: x[0]))
+    return "\n".join(line for _, line, missing in sorted(lines, key=lambda x: x[0]) if missing not in suggested)
 
 
 # C0 and C1 controls but tab and newline (escape sequences), and the bidirectional formatting
