@@ -141,11 +141,16 @@ def test_unknown_run_or_attempt_ids(tmp_path, cmd):
 
 
 def test_reading_a_store_that_does_not_exist(tmp_path):
-    r = harness(tmp_path, "runs", "--db", db(tmp_path))  # listing nothing is an answer
+    r = harness(tmp_path, "runs")  # the default store before the first run: listing nothing is an answer
     assert r.returncode == 0 and "no runs yet" in r.stdout, r.stderr
-    r = harness(tmp_path, "report", "last", "--db", db(tmp_path))  # asking for a run that cannot exist is not
-    assert r.returncode == 2 and "no harness database" in r.stderr, r.stderr
-    assert not (tmp_path / "h.db").exists()
+    # a database named with --db that does not exist is a mistyped path, not an empty store
+    r = harness(tmp_path, "runs", "--db", db(tmp_path))
+    assert_usage_error(r, tmp_path, f"no harness database at {tmp_path}/h.db")
+    assert "no runs yet" not in r.stdout
+    r = harness(tmp_path, "runs", "--db", "sqlite:///some/mistyped/path.db")
+    assert_usage_error(r, tmp_path, "no harness database at some/mistyped/path.db")
+    r = harness(tmp_path, "report", "last", "--db", db(tmp_path))  # asking for a run that cannot exist is not either
+    assert_usage_error(r, tmp_path, "no harness database")
 
 
 def test_resume_with_identity_options_is_refused(tmp_path):

@@ -394,16 +394,16 @@ def runs(
     Example:  harness runs --limit 5
     """
     from harness.core.aggregate import summarize
-    from harness.store.store import Store, missing_database
+    from harness.store.store import Store, is_default_store, missing_database
 
     path = missing_database(db)
-    if path is not None:  # nothing run yet is an answer, not an error
+    if path is not None and is_default_store(path):  # nothing run yet is an answer, not an error
         if json_out:
             print("[]")
         else:
             console.print(f"no runs yet (no database at {path}); start one with `harness run --suite refunds`")
         return
-    store = Store.open(db, mode="ro")
+    store = Store.open(db, mode="ro")  # a named database that does not exist (a mistyped --db): one line, exit 2
     out = []
     for r in store.runs(limit):
         s = summarize(r, store.attempts(r.id))

@@ -64,6 +64,13 @@ def missing_database(url: str | None) -> Path | None:
     return path if path is not None and not path.exists() else None
 
 
+def is_default_store(path: Path) -> bool:
+    """Whether ``path`` is the default store's file (HARNESS_HOME/harness.db). Before the first
+    run it does not exist, and reading it finds nothing; a database named anywhere else (--db,
+    HARNESS_DB) that does not exist is a mistyped path."""
+    return path.absolute() == (harness_home() / "harness.db").absolute()
+
+
 def url_hint(url: str) -> str:
     """What a mistyped database URL most likely meant, as '; ...' ('' when nothing stands out)."""
     path = _sqlite_path(url)
@@ -132,7 +139,7 @@ class Store:
                 if not path.exists():
                     raise StoreError(f"no harness database at {path}; run `harness run --suite refunds` first or pass --db{url_hint(url)}")
                 engine_url = f"sqlite:///file:{path}?mode=ro&uri=true"
-            elif path.absolute() == (harness_home() / "harness.db").absolute():  # the default store: its folder is ours to make
+            elif is_default_store(path):  # the default store: its folder is ours to make
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                 except OSError as e:
