@@ -478,6 +478,54 @@ def test_runs_on_a_fresh_machine_is_an_answer_not_an_error(tmp_path):
     assert res.returncode == 0 and res.stdout.strip() == "[]"
 
 
+def test_gc_dry_run_neither_creates_nor_writes_the_database(tmp_path):
+    from conftest import run_cli
+
+    from harness.model.run import RunRecord
+    from harness.store.store import Store
+
+    # no database yet: the default store is not created (nothing to collect, exit 0, as
+    # `harness runs` lists nothing); a named one that does not exist is refused (exit 2)
+    for args in (("--dry-run",), ("--dry-run", "--json"), ()):
+        res = run_cli(tmp_path, "gc", "--older-than", "30d", *args)
+        assert res.returncode == 0, res.stderr
+        assert not (tmp_path / "home").exists()
+    assert "no database at" in run_cli(tmp_path, "gc", "--older-than", "30d", "--dry-run").stdout
+    for args in (("--dry-run",), ()):
+        res = run_cli(tmp_path, "gc", "--older-than", "30d", *args, "--db", f"sqlite:///{tmp_path}/typo.db")
+        assert res.returncode == 2 and "no harness database at" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert not (tmp_path / "typo.db").exists()
+
+    # a database with an old run to collect and a run marked running whose controller is gone
+    db_file = tmp_path / "h.db"
+    store = Store.open(f"sqlite:///{db_file}")
+    old = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(days=40)
+    folder = tmp_path / "runs" / "r-old"
+    folder.mkdir(parents=True)
+    (folder / "stdout.txt").write_text("x" * 1000)
+    for rid, status in (("r-old", "complete"), ("r-dead", "running")):
+        store.add_run(RunRecord(id=rid, suite="probe", suite_hash="h", image="img", profile="standard", harness_version="0",
+                                trials=1, max_reruns=0, task_ids=["t"], status=status, created_at=old,
+                                artifacts_dir=str(folder) if rid == "r-old" else ""))
+    store.engine.dispose()
+
+    def stat():
+        st = db_file.stat()
+        return st.st_size, st.st_mtime_ns
+
+    before = stat()
+    time.sleep(0.05)  # a write now would change an mtime
+    res = run_cli(tmp_path, "gc", "--older-than", "30d", "--dry-run", "--purge", "--json", "--db", f"sqlite:///{db_file}")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["freed_bytes"] == 1000 and out["recovered"] == ["r-dead"] and out["kept_interrupted"] == ["r-dead"]
+    assert out["rows_deleted"]["runs"] == 1
+    assert stat() == before and folder.is_dir()
+    # reading a WAL database may leave its -wal and -shm files (as every read command does); nothing is written to them
+    assert not (tmp_path / "h.db-wal").exists() or (tmp_path / "h.db-wal").stat().st_size == 0
+    assert Store.open(f"sqlite:///{db_file}", mode="ro").get_run("r-dead").status == "running"
+
+
 def test_an_outcome_filter_lists_clean_attempts_only(tmp_path):
     """A discarded attempt may have been graded before it was thrown away; `--outcome` is
     about what is scored, so it never lists one."""

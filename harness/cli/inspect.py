@@ -609,19 +609,28 @@ def gc(
 
       harness gc --older-than 90d --purge
     """
-    from harness.engine.gc import collect
-    from harness.store.store import Store
+    from harness.engine.gc import collect, nothing_stored
+    from harness.store.store import Store, is_default_store, missing_database
 
     try:
         age = parse_age(older_than)
     except ValueError as e:
         die(str(e))
-    store = Store.open(db, mode="rw")
-    result = {"older_than": older_than, **collect(store, age, purge=purge, dry_run=dry_run, include_interrupted=include_interrupted)}
+    # gc never creates a database, and a dry run never writes to one: the default store before
+    # the first run has nothing to collect (as `harness runs` lists nothing, exit 0); a named
+    # database that does not exist is refused as every read command refuses it (exit 2)
+    path = missing_database(db)
+    if path is not None and is_default_store(path):
+        result = {"older_than": older_than, **nothing_stored(age, purge=purge, dry_run=dry_run)}
+    else:
+        store = Store.open(db, mode="ro" if dry_run or path is not None else "rw")
+        result = {"older_than": older_than, **collect(store, age, purge=purge, dry_run=dry_run, include_interrupted=include_interrupted)}
     report = result["runs"]
     if json_out:
         print(json.dumps(result, indent=2))
     else:
+        if path is not None:
+            console.print(f"no runs yet (no database at {path}): nothing to collect", highlight=False)
         verb = "would free" if dry_run else "freed"
         for rid in result["recovered"]:
             console.print(f"[yellow]run {rid}[/] was marked running but its controller is gone: "

@@ -86,10 +86,19 @@ def collect(store: Store, age: dt.timedelta, purge: bool = False, dry_run: bool 
                    "samples": sum(e.get("samples", 0) for e in report)}
     else:
         deleted = {"runs": 0, "attempts": 0, "samples": 0}
+    return _result(cutoff, dry_run, purge, report, deleted, [r.id for r in running], [r.id for r in kept], recovered, problems)
+
+
+def nothing_stored(age: dt.timedelta, purge: bool = False, dry_run: bool = False) -> dict[str, Any]:
+    """What :func:`collect` returns where no database exists yet: nothing to collect."""
+    return _result(utcnow() - age, dry_run, purge, [], {"runs": 0, "attempts": 0, "samples": 0}, [], [], [], [])
+
+
+def _result(cutoff: dt.datetime, dry_run: bool, purge: bool, report: list[dict[str, Any]], deleted: dict[str, int],
+            running: list[str], kept: list[str], recovered: list[str], problems: list[str]) -> dict[str, Any]:
     return {
         "cutoff": cutoff.isoformat(timespec="seconds"), "dry_run": dry_run, "purge": purge,
         "runs": report, "freed_bytes": sum(e["bytes"] for e in report if e["folder_exists"]),
         "folders": sum(1 for e in report if e["folder_exists"]), "rows_deleted": deleted,
-        "skipped_running": [r.id for r in running], "kept_interrupted": [r.id for r in kept],
-        "recovered": recovered, "problems": problems,
+        "skipped_running": running, "kept_interrupted": kept, "recovered": recovered, "problems": problems,
     }
