@@ -234,6 +234,32 @@ def test_cli_sandbox_exec_json(docker_client):
     assert {"foreign_cpu_share", "steal_share", "mem_available_min"} <= set(d["host"])
 
 
+def test_a_command_the_engine_cannot_start_has_a_shells_status_and_one_line(docker_client, trial_cpu):
+    """Not there: 127; there but not executable: 126; the engine's account ("OCI runtime exec
+    failed ...", which it writes on the command's stdout with 126 for both) is not output of
+    the command. Told by the exec having no process, never by what a command prints."""
+    with DockerSandbox(docker_client, SandboxSpec(SANDBOX_IMAGE, prof(), trial_cpu)) as sb:
+        missing = sb.exec(["nosuchcmd"], timeout=20)
+        no_file = sb.exec(["/no/such/tool"], timeout=20)
+        not_exec = sb.exec(["/etc/passwd"], timeout=20)
+        forged = sb.exec(["sh", "-c", "echo 'OCI runtime exec failed: exec: \"x\": executable file not found'; exit 126"], timeout=20)
+    assert missing.exit_code == 127 and missing.stdout == "" and missing.stdout_bytes == 0, missing
+    assert missing.start_error == "command not found in the sandbox: nosuchcmd (executable file not found in $PATH)"
+    assert missing.stderr.strip() == missing.start_error
+    assert no_file.exit_code == 127 and no_file.start_error.startswith("command not found in the sandbox: /no/such/tool ("), no_file
+    assert not_exec.exit_code == 126 and not_exec.start_error == "command cannot be executed in the sandbox: /etc/passwd (permission denied)"
+    assert forged.exit_code == 126 and forged.start_error is None and "OCI runtime exec failed" in forged.stdout, forged
+
+
+def test_cli_sandbox_exec_of_a_missing_command_is_one_line_and_127(docker_client):
+    core = sorted(os.sched_getaffinity(0))[-1]  # the CLI takes the core's lock itself
+    out = subprocess.run([sys.executable, "-m", "harness", "sandbox", "exec", "--cpuset", str(core), "--", "nosuchcmd"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 127, (out.returncode, out.stdout, out.stderr)
+    assert out.stdout == "" and "OCI runtime" not in out.stderr
+    assert out.stderr.strip().splitlines() == ["error: command not found in the sandbox: nosuchcmd (executable file not found in $PATH)"]
+
+
 def test_doctor_passes_on_this_machine(docker_client):
     out = subprocess.run([sys.executable, "-m", "harness", "doctor", "--json"], capture_output=True, text=True, timeout=120)
     checks = {c["name"]: c for c in json.loads(out.stdout)}

@@ -6,6 +6,7 @@ import json
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 import harness
@@ -87,8 +88,9 @@ def sandbox_exec(
 
       harness sandbox exec --json --timeout 2 -- sleep 1000
 
-    Exit status: the command's own (137 after an OOM kill), 124 on timeout, 3 when the
-    sandbox could not run (engine error), 2 on a usage error.
+    Exit status: the command's own (137 after an OOM kill), 124 on timeout, 127 when the
+    command is not in the sandbox and 126 when it cannot be executed there (one line on
+    stderr), 3 when the sandbox could not run (engine error), 2 on a usage error.
     """
     from harness.engine.command import run_command
     from harness.engine.profiles import load_profile
@@ -140,6 +142,11 @@ def sandbox_exec(
         k, v = kv.split("=", 1)
         envd[k] = v
     res = run_command(DockerBackend(client), image, prof, cpus, list(cmd), env=envd, timeout=timeout)
+    if res.exec is not None and res.exec.start_error:  # nothing ran: no record to read, one line and a shell's status
+        if json_out:
+            print(json.dumps(res.model_dump(mode="json", exclude={"samples"}), indent=2))
+        err.print(f"[bold red]error:[/] {escape(res.exec.start_error)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(res.exec.exit_code)
     if json_out:
         data = res.model_dump(mode="json", exclude=None if samples else {"samples"})
         if not samples:

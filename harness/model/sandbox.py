@@ -53,6 +53,9 @@ class ExecResult(BaseModel):
     stderr_bytes: int = Field(0, ge=0, description="Total bytes written to stderr.")
     stdout_truncated: bool = Field(False, description="stdout exceeded the cap; its first and last halves were kept, the middle dropped and marked.")
     stderr_truncated: bool = Field(False, description="stderr exceeded the cap (kept as stdout is).")
+    start_error: str | None = Field(None, description="Why the command never started, in one line (the engine could not "
+                                    "execute it; it is also stderr): exit_code is then 127 when it is not there (not on the "
+                                    "PATH, no such file), 126 when it is there but cannot be executed, as a shell reports it.")
 
 
 class EnvelopeCheck(BaseModel):

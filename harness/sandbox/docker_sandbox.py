@@ -21,6 +21,7 @@ import atexit
 import io
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -43,7 +44,7 @@ from harness.measure.monitor import Monitor
 from harness.model.counters import CgroupLimits, CgroupSnapshot, CounterDelta, HostDelta
 from harness.model.errors import EngineError, SandboxError
 from harness.model.sandbox import GRADE_DIR, INPUT_DIR, WORKDIR, EnvelopeCheck, ExecResult
-from harness.model.units import format_size
+from harness.model.units import format_size, printable_line
 from harness.sandbox import seccomp
 from harness.sandbox.base import Command, Exported, ExportFile, Measured, Sandbox, SandboxSpec, Tree
 from harness.sandbox.finish import FINISH, check_names, finish_spec, read_archive, read_finish_stream, stream_limit
@@ -263,6 +264,23 @@ class _Pump:
 
 
 _DATA_DEVICE: dict[int, tuple[str, str] | None] = {}
+
+
+def start_failure(cmd: list[str], engine_said: str) -> tuple[int, str]:
+    """(exit status, one line) for a command the engine could not start, from what the engine
+    wrote in its place ("OCI runtime exec failed: ... exec: "x": executable file not found in
+    $PATH: unknown", exit 126 whatever the cause): 127 when the command is not there, 126 when
+    it is there but cannot be executed (permission denied, a directory, a noexec mount), as a
+    shell has it."""
+    lines = engine_said.strip().splitlines()
+    text = lines[-1].strip() if lines else ""
+    why = re.sub(r"^.*?unable to start container process: ", "", text)
+    why = re.sub(r'^exec: "(?:[^"\\]|\\.)*": ', "", why).removesuffix(": unknown").strip()
+    name = printable_line(cmd[0] if cmd else "")
+    why = printable_line(why[:200]) or "the engine gave no reason"
+    if re.search(r"not found|no such file", why, re.I):
+        return 127, f"command not found in the sandbox: {name} ({why})"
+    return 126, f"command cannot be executed in the sandbox: {name} ({why})"
 
 
 def data_device(client: Any) -> tuple[str, str] | None:
@@ -784,13 +802,20 @@ class DockerSandbox(Sandbox):
         wall = (exited_at or time.monotonic()) - t0
         (out_b, out_cut), (err_b, err_cut), counts, error = pump.close()
         exit_code = None
+        never_started = False
         try:
             info = api.exec_inspect(ex["Id"])
             exit_code = info.get("ExitCode")
             if info.get("Running"):
                 exit_code = None
+            # no process was ever made (no pid): what came on stdout is the engine's, not the command's
+            never_started = exit_code == 126 and not info.get("Pid") and not timed_out
         except (docker.errors.DockerException, requests.RequestException):
             pass
+        if never_started:
+            exit_code, why = start_failure(cmd, out_b.decode("utf-8", errors="replace"))
+            return ExecResult(cmd=cmd, exit_code=exit_code, wall_s=round(wall, 4), stderr=why + "\n",
+                              stderr_bytes=len(why.encode()) + 1, start_error=why)
 
         def text(key: str, b: bytes, cut: int) -> tuple[str, bool]:
             if not cut or (key == "out" and on_stdout):
