@@ -68,6 +68,58 @@ def test_a_probe_begun_early_waits_only_for_what_is_left_of_it():
     assert time.monotonic() - t0 >= 0.3  # a fresh probe still lasts its length
 
 
+def _pre_run_check(core: int, early: CoreProbe | None) -> tuple[float, list[str]]:
+    """Runner._quiet_check on one trial core: (seconds it took, its notices)."""
+    from types import SimpleNamespace
+
+    from harness.engine.runner import Runner
+
+    r = Runner.__new__(Runner)  # the check reads only these
+    r.pool, r._stop = SimpleNamespace(cpus=[core], reserved=[]), threading.Event()
+    r._probe, r._early_probe = CoreProbe([core]), None
+    r.take_probe(early)
+    notices: list[str] = []
+    t0 = time.monotonic()
+    r._quiet_check(SimpleNamespace(notice=notices.append), None)
+    return time.monotonic() - t0, notices
+
+
+def test_a_probe_begun_before_the_engine_spares_the_pre_run_wait(monkeypatch):
+    # the CLI begins a probe of every core as soon as it is kept to the reserved cores; quiet
+    # over that window, the check before the first lease does not wait its 0.3 s out again
+    monkeypatch.setenv("HARNESS_PROBE_S", "0.3")
+    core = sorted(os.sched_getaffinity(0))[-1]
+    early = CoreProbe()
+    time.sleep(0.4)  # the imports and the plan
+    took, notices = _pre_run_check(core, early)
+    assert took < 0.1 and notices == [], (took, notices)
+    took, notices = _pre_run_check(core, None)  # none begun early: the run's own probe is waited out
+    assert took >= 0.25 and notices == [], (took, notices)
+
+
+def test_a_core_busy_early_is_probed_again_and_a_busy_one_still_named(monkeypatch):
+    # busy in the early window (it may be the plan's own image build): the run's own probe
+    # decides; busy there too, the neighbour is named as before
+    monkeypatch.setenv("HARNESS_PROBE_S", "0.3")
+    core = sorted(os.sched_getaffinity(0))[-1]
+    early = CoreProbe()
+    spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.4)
+        took, notices = _pre_run_check(core, early)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert len(notices) == 1 and "busy trial cores" in notices[0] and f"pid {spin.pid} " in notices[0], notices
+    early = CoreProbe()
+    spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    time.sleep(0.4)
+    spin.kill()
+    spin.wait()
+    took, notices = _pre_run_check(core, early)  # gone by the run's own probe
+    assert notices == [] and took >= 0.25, (took, notices)
+
+
 def test_a_lease_waiting_for_another_controller_names_it(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_LOCK_DIR", str(tmp_path))
     monkeypatch.setattr(scheduler, "WAIT_NOTICE_S", 0.0)

@@ -225,22 +225,26 @@ def owns_process() -> bool:
     return _owner["process"]
 
 
-def keep_to_reserved(reserve_cores: int | None = None) -> None:
+def keep_to_reserved(reserve_cores: int | None = None) -> bool:
     """Keep this process on the cores a run reserves for its controller (``reserve_cores``,
     default 1 of 2+), never on trial cores a concurrent run is measuring (it would be their
     foreign CPU). Only when harness owns the process (the console script), never a process
     that called a command in-process (a test, a notebook: its children would inherit the
-    pin). A bad value is left for the run's plan to refuse."""
+    pin). A bad value is left for the run's plan to refuse. True when it is kept there now."""
     from harness.engine.scheduler import CpuPool, pin_process
     from harness.model.errors import SchedulerError
 
     if not owns_process():
-        return
+        return False
     try:
         pool = CpuPool.for_host(reserve=reserve_cores)
     except SchedulerError:  # left for the run's plan to refuse; off the trial cores meanwhile
         pool = CpuPool.for_host()
+        reserved = False
+    else:
+        reserved = bool(pool.reserved)
     pin_process(list(pool.reserved or pool.cpus))  # none reserved (--reserve-cores 0): it shares every core, as it would unpinned
+    return reserved
 
 DB_HELP = "Database URL (SQLAlchemy), default $HARNESS_DB, else sqlite:///$HARNESS_HOME/harness.db (HARNESS_HOME: .harness in the working directory)."
 

@@ -163,11 +163,21 @@ class Runner:
         # the pre-run probe of the trial cores begins now and overlaps the rest of the start-up
         # (which runs on the reserved cores); _quiet_check takes its result
         self._probe = self._core_probe() if run.executor != "ray" else None
+        self._early_probe: hoststats.CoreProbe | None = None  # see take_probe
 
     def _core_probe(self) -> "hoststats.CoreProbe | None":
         if probe_seconds() <= 0:
             return None
         return hoststats.CoreProbe([c for c in self.pool.cpus if c not in self.pool.reserved])
+
+    def take_probe(self, probe: "hoststats.CoreProbe | None") -> None:
+        """A probe of every core begun earlier, while this process was already kept to the
+        reserved cores (the CLI begins one before it imports the engine): quiet over that
+        longer window, the pre-run check waits no more. Busy, it may have seen the plan's own
+        work (an image build), so this run's own probe decides. Ignored where the run takes
+        no probe."""
+        if self._probe is not None:
+            self._early_probe = probe
 
     # -- planning --------------------------------------------------------------
     @classmethod
@@ -417,9 +427,11 @@ class Runner:
         deadline = time.monotonic() + (wait_s or 0.0)
         said = False
         probe = self._probe if self._probe is not None and self._probe.age() < PROBE_FRESH_S else None
-        self._probe = None
+        early, self._probe, self._early_probe = self._early_probe, None, None
+        if early is not None and early.age() >= probe_s and not early.result(probe_s, cores=cores):
+            return  # quiet since the controller started
         while not self._stop.is_set():
-            busy = (probe or hoststats.CoreProbe(cores)).result(probe_s)
+            busy = (probe or hoststats.CoreProbe(cores)).result(probe_s, cores=cores)
             probe = None
             if not busy:
                 if said:

@@ -320,10 +320,12 @@ def _proc_times(proc_root: str) -> dict[int, tuple[str, int, int]]:
 
 class CoreProbe:
     """How busy ``cores`` are from now until :meth:`result`: begun early (the controller's own
-    start-up runs on its reserved cores), it costs a run no wait of its own."""
+    start-up runs on its reserved cores), it costs a run no wait of its own. Every core's
+    counters are read, so a probe begun before the trial cores are known (``cores`` None)
+    answers for the cores :meth:`result` is given."""
 
-    def __init__(self, cores: list[int], proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK):
-        self.cores, self.proc_root, self.clk_tck = list(cores), str(proc_root), clk_tck
+    def __init__(self, cores: list[int] | None = None, proc_root: str | os.PathLike = "/proc", clk_tck: int = _CLK_TCK):
+        self.cores, self.proc_root, self.clk_tck = list(cores or []), str(proc_root), clk_tck
         self.t0 = time.monotonic()
         self._a = parse_proc_stat(_read(os.path.join(self.proc_root, "stat")) or "", clk_tck)
         self._pa = _proc_times(self.proc_root)
@@ -331,17 +333,17 @@ class CoreProbe:
     def age(self) -> float:
         return time.monotonic() - self.t0
 
-    def result(self, seconds: float, threshold: float = 0.5) -> dict[int, tuple[float, list[str]]]:
-        """Cores busier than ``threshold`` over the probe, which lasts at least ``seconds``
-        (slept out here if less has passed): core -> (busy share, the processes that ran on it
-        most, as "pid N name (share)"). A quiet machine gives {}."""
+    def result(self, seconds: float, threshold: float = 0.5, cores: list[int] | None = None) -> dict[int, tuple[float, list[str]]]:
+        """Cores (``cores``, else the probe's) busier than ``threshold`` over the probe, which
+        lasts at least ``seconds`` (slept out here if less has passed): core -> (busy share,
+        the processes that ran on it most, as "pid N name (share)"). A quiet machine gives {}."""
         time.sleep(max(0.0, max(0.05, seconds) - self.age()))
         b = parse_proc_stat(_read(os.path.join(self.proc_root, "stat")) or "", self.clk_tck)
         pb = _proc_times(self.proc_root)
         wall_us = max(1.0, self.age() * 1e6)
         out: dict[int, tuple[float, list[str]]] = {}
         me = os.getpid()
-        for c in self.cores:
+        for c in self.cores if cores is None else cores:
             share = max(0, b.busy_us.get(c, 0) - self._a.busy_us.get(c, 0)) / wall_us
             if share <= threshold:
                 continue
