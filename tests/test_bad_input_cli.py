@@ -191,9 +191,24 @@ def test_image_built_from_older_suite_files_is_refused(tmp_path, docker_client):
         (tmp_path / "h.db").unlink()
         shutil.rmtree(tmp_path / "home", ignore_errors=True)
         # a file the image is built from does make it stale
-        (d / "Dockerfile").write_text((d / "Dockerfile").read_text() + "\n# edited after the image was built\n")
+        original = (d / "Dockerfile").read_text()
+        (d / "Dockerfile").write_text(original + "\n# edited after the image was built\n")
         r = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
         assert_usage_error(r, tmp_path, "harness/test-stale-probe:latest", "harness images build --suite")
+        # a copy of the suite under another name on the first one's image: refused while its
+        # files are not what the image was built from (it ran, silently, on the old image)
+        f.write_text(f.read_text().replace('name = "probe"', 'name = "probe-copy"'))
+        r = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
+        assert_usage_error(r, tmp_path, "built from suite 'probe'", "not from suite probe-copy", "harness images build --suite")
+        (d / "Dockerfile").write_text(original)  # the same files: the image is what they build
+        ok = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
+        assert ok.returncode == 0, ok.stderr
+        (tmp_path / "h.db").unlink()
+        shutil.rmtree(tmp_path / "home", ignore_errors=True)
+        # harness's own image tagged with the suite's image name
+        docker_client.images.get("harness/sandbox:latest").tag("harness/test-stale-probe", "latest")
+        r = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
+        assert_usage_error(r, tmp_path, "not built from suite probe-copy", "one of harness's own images")
     finally:
         docker_client.images.remove("harness/test-stale-probe:latest", force=True)
 

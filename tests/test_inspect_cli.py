@@ -216,6 +216,46 @@ def test_attempt_that_never_started_still_shows(tmp_path):
     assert r.exit_code == 0 and r.stdout.splitlines() == [",".join(SAMPLE_FIELDS)] and "no samples" in r.stderr
 
 
+def _many_attempts(tmp_path: Path, n: int) -> str:
+    from harness.model.attempt import AttemptRecord
+    from harness.model.run import RunRecord
+    from harness.store.store import Store
+
+    db = f"sqlite:///{tmp_path}/many.db"
+    store = Store.open(db)
+    store.add_run(RunRecord(id="r-many", suite="probe", suite_hash="h", image="img", profile="standard", harness_version="0",
+                            trials=n, ks=[1], max_reruns=0, task_ids=["append"], status="complete"))
+    for i in range(n):
+        store.add_attempt(AttemptRecord(run_id="r-many", task_id="append", slot=i, attempt_no=1, seed=i, verdict="clean",
+                                        outcome="pass" if i % 3 else "fail", failure_kind=None if i % 3 else "wrong_state",
+                                        grade_reason=None if i % 3 else "log: expected [[1]], got [[0]] " + "x" * 200))
+    store.engine.dispose()
+    return db
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly_never_as_a_failed_check(tmp_path):
+    # `harness trials RUN --json | head`: it exited 1 (a failed check, for CI) with nothing said
+    db = _many_attempts(tmp_path, 400)
+    env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home")}
+    for args in (["trials", "r-many", "--json"], ["trials", "r-many", "--csv"]):
+        p = subprocess.Popen([sys.executable, "-m", "harness", *args, "--db", db], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        assert p.stdout is not None and p.stderr is not None
+        head = p.stdout.read(10)
+        p.stdout.close()  # the reader is gone before the command has written it all
+        err = p.stderr.read()
+        assert p.wait(timeout=60) == 141 and head and err == b"", (args, p.returncode, err)
+
+
+def test_a_report_to_a_pipe_is_as_wide_as_columns_says(tmp_path):
+    db = _many_attempts(tmp_path, 30)
+    env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home")}
+    for cols, widest in (("80", 80), (None, 160)):
+        e = {**env, "COLUMNS": cols} if cols else {k: v for k, v in env.items() if k != "COLUMNS"}
+        r = subprocess.run([sys.executable, "-m", "harness", "report", "r-many", "--db", db], capture_output=True, text=True, env=e)
+        assert r.returncode == 0, r.stderr
+        assert max(map(len, r.stdout.splitlines())) <= widest and max(map(len, r.stdout.splitlines())) > 60, cols
+
+
 # ----------------------------------------------------------------------------- real runs
 
 

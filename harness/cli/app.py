@@ -24,6 +24,7 @@ from harness.model.errors import CheckFailed, HarnessError, InfraError, UsageErr
 from harness.model.units import did_you_mean, printable
 
 EXIT_FAIL, EXIT_USAGE, EXIT_INFRA = CheckFailed.exit_code, UsageError.exit_code, InfraError.exit_code
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader closed the pipe
 
 
 def _width(stream: Any) -> int | None:
@@ -173,6 +174,13 @@ class HarnessGroup(TyperGroup):
         except HarnessError as e:
             print_error(e)
             raise typer.Exit(e.exit_code) from None
+        except BrokenPipeError:
+            # the reader closed the pipe (`| head`): stop quietly with the status of a tool the
+            # pipe's signal ended (exit 1 would read as a failed check); what is still buffered
+            # goes nowhere, so no error follows at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise typer.Exit(EXIT_PIPE) from None
 
 
 def die(msg: str, code: int = EXIT_USAGE) -> NoReturn:

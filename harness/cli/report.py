@@ -7,6 +7,7 @@ print. Every figure is recomputed from the stored attempts on each call.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -77,7 +78,15 @@ def _print_rich(renderable: Any, out: Optional[Path]) -> None:
     if console.is_terminal:
         console.print(renderable)
     else:
-        Console(file=sys.stdout, width=160, color_system=None).print(renderable)
+        Console(file=sys.stdout, width=_pipe_width(), color_system=None).print(renderable)
+
+
+def _pipe_width() -> int:
+    """Columns of text written to a pipe: $COLUMNS when it is set (as --help honours it), else 160."""
+    try:
+        return max(40, int(os.environ.get("COLUMNS", "")))
+    except ValueError:
+        return 160
 
 
 def _emit(text: str | bytes, out: Optional[Path]) -> None:

@@ -45,12 +45,20 @@ from harness.model.errors import HarnessError, ProfileError, RunError, StoreLost
 from harness.model.profile import Profile
 from harness.model.run import MAX_SLOTS, MAX_TRIALS, RunRecord
 from harness.model.suite import Suite, Task
-from harness.model.units import did_you_mean, utcnow
+from harness.model.units import did_you_mean, one_line, utcnow
 from harness.sandbox.basemap import BaseMap
 from harness.sandbox.docker_backend import DockerBackend
 from harness.sandbox.docker_sandbox import connect
 from harness.sandbox.gateway import EgressNetwork, Gateway, host_nameservers
-from harness.sandbox.images import INPUTS_LABEL, SANDBOX_IMAGE, SUITE_LABEL, dockerfile_inputs, image_identity, image_labels
+from harness.sandbox.images import (
+    HARNESS_IMAGES,
+    INPUTS_LABEL,
+    SANDBOX_IMAGE,
+    SUITE_LABEL,
+    dockerfile_inputs,
+    image_identity,
+    image_labels,
+)
 from harness.sandbox.owners import controller_id, owner_dead
 from harness.store.store import Store, harness_home
 
@@ -96,22 +104,31 @@ def _max_cores(profiles: dict[str, Profile]) -> int:
 
 
 def stale_image_reason(client: Any, suite: Suite) -> str | None:
-    """Why the suite's image no longer matches the suite's image inputs (None when it does,
-    or when the image was not built by harness and carries no inputs label). Tasks and
-    fixtures are not image inputs: they reach every attempt at run time."""
+    """Why the suite's image is not what the suite's image inputs build now (None when it is,
+    when the image was not built by harness and carries no inputs label, or when the suite
+    runs in one of harness's own images). An image harness built from another suite's files,
+    or one of its own images tagged with the suite's name, is refused too unless its inputs
+    are this suite's. Tasks and fixtures are not image inputs: they reach every attempt at
+    run time."""
     labels = image_labels(client, suite.image)
     if labels is None:
         return None
     built = labels.get(INPUTS_LABEL)
-    if not built or labels.get(SUITE_LABEL) != suite.name or not suite.dockerfile_path.is_file():
-        return None  # not built by harness from this suite: nothing to compare
+    if not built or not suite.dockerfile_path.is_file():
+        return None  # not built by harness (a user's own build), or nothing to compare
+    made_for = labels.get(SUITE_LABEL)
+    if made_for is None and suite.image in HARNESS_IMAGES:
+        return None  # the suite runs in harness's own image, whatever its Dockerfile would add
     now = dockerfile_inputs(client, suite.root, suite.dockerfile, SANDBOX_IMAGE, suite.image_files)
     if now == built:
         return None
-    return (
-        f"image {suite.image} was built from other files than suite {suite.name} has now ({built} != {now}); "
-        f"rebuild it with `harness images build --suite {suite.root}` so the run measures what the suite says"
-    )
+    fix = f"build it with `harness images build --suite {suite.root}` so the run measures what the suite says"
+    if made_for is None:
+        return f"image {suite.image} was not built from suite {suite.name} (it is one of harness's own images under another name); {fix}"
+    if made_for != suite.name:
+        return (f"image {suite.image} was built from suite {one_line(made_for, 60)!r}'s files, not from suite {suite.name}'s "
+                f"({built} != {now}); {fix}")
+    return f"image {suite.image} was built from other files than suite {suite.name} has now ({built} != {now}); re{fix}"
 
 
 def wait_for_engine(ping: Any, timeout: float, stop: threading.Event | None = None) -> bool:

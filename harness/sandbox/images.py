@@ -40,6 +40,8 @@ from harness.sandbox.dockerfile import DockerfileError, Translation, normalize_r
 POSTGRES_IMAGE = "harness/postgres:15"
 GATEWAY_IMAGE = "harness/gateway:latest"
 SANDBOX_IMAGE = "harness/sandbox:latest"
+# harness's own images (built offline by `harness images build`): a suite may run in one
+HARNESS_IMAGES = (BASE_IMAGE, SANDBOX_IMAGE, DEBIAN_IMAGE, PYTHON_IMAGE, POSTGRES_IMAGE, GATEWAY_IMAGE)
 INPUTS_LABEL = "dev.harness.inputs"
 SUITE_LABEL = "dev.harness.suite"  # on a suite's image: which suite it was built from
 BASE_PACKAGES = ["python3", "tar"]
