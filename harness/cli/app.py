@@ -112,14 +112,33 @@ def reflow_help(text: str | None) -> str | None:
 
 
 def _reflow_all(group: Any, ctx: Any) -> None:
+    _no_flag_type(group)
     for name in group.list_commands(ctx):
         cmd = group.get_command(ctx, name)
         if cmd is None or getattr(cmd, "_reflowed", False):
             continue
         cmd.help = reflow_help(cmd.help)
         cmd._reflowed = True
+        _no_flag_type(cmd)
         if hasattr(cmd, "list_commands"):
             _reflow_all(cmd, ctx)
+
+
+def _no_flag_type(cmd: Any) -> None:
+    """A flag takes no value: its help row shows none (typer's panel showed `<bool>`, and
+    `--json true` is refused). --help is made when help is asked for: marked then."""
+    for p in cmd.params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    made = cmd.get_help_option
+
+    def get_help_option(ctx: Any) -> Any:
+        opt = made(ctx)
+        if opt is not None and opt.metavar is None:
+            opt.metavar = ""
+        return opt
+
+    cmd.get_help_option = get_help_option
 
 
 # what other tools call a command of ours
