@@ -97,6 +97,23 @@ def test_a_probe_begun_before_the_engine_spares_the_pre_run_wait(monkeypatch):
     assert took >= 0.25 and notices == [], (took, notices)
 
 
+def test_a_neighbour_that_began_late_in_a_long_start_up_is_still_named(monkeypatch):
+    # an early probe spanning a long, quiet start-up would average a neighbour that began near
+    # its end away (an attack pass found it): past twice the probe's length it is not used
+    monkeypatch.setenv("HARNESS_PROBE_S", "0.3")
+    core = sorted(os.sched_getaffinity(0))[-1]
+    early = CoreProbe()
+    time.sleep(1.2)  # a long start-up, quiet
+    spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.4)
+        took, notices = _pre_run_check(core, early)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert len(notices) == 1 and f"pid {spin.pid} " in notices[0], notices
+
+
 def test_a_core_busy_early_is_probed_again_and_a_busy_one_still_named(monkeypatch):
     # busy in the early window (it may be the plan's own image build): the run's own probe
     # decides; busy there too, the neighbour is named as before

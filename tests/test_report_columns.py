@@ -47,7 +47,7 @@ def random_run(rng: random.Random, i: int, stored_ids: bool = True) -> tuple[Run
                   grade_reason=rng.choice([None, "log: expected x", "y" * 400]),
                   error=rng.choice([None, None, "boom", "the envelope is too small for the task"]),
                   reasons=[] if clean else rng.sample(REASONS, rng.randint(0, 2)),
-                  rules=[] if clean else rng.choice([[], [{"rule": "host_cpu_contention", "breached": True, "detail": "d"}]]),
+                  rules=[] if clean else rng.choice([[], [{"rule": "host_cpu_contention", "scope": "host", "breached": True, "detail": "d"}]]),
                   wall_s=round(rng.random() * 3, 4), agent_wall_s=rng.choice([None, round(rng.random(), 3)]), node=rng.choice(NODES))
         if gateway and rng.random() < 0.7:
             kw["upstream"] = {"calls": 1, "input_tokens": rng.randint(0, 100), "output_tokens": rng.randint(0, 50), "wait_s": 0.1,
@@ -126,6 +126,10 @@ def test_the_slot_index_names_every_attempt_of_no_slot_and_every_discard():
         assert ix.thrown == [r for r, a in enumerate(atts) if a.verdict != "clean"]
         placed = sorted(r for rows in ix.discarded.values() for r in rows) + [r for r in ix.clean if r >= 0]
         assert len(placed) == len(set(placed))  # no attempt counted twice
+        # every attempt is placed, a stray, or a clean one after the one its slot counts
+        assert sorted(placed + ix.strays + ix.extra_clean) == list(range(len(atts)))
+        rep = build_report(run, atts)
+        assert any("came after the one that counts" in w for w in rep.warnings) == bool(ix.extra_clean)
 
 
 def _store_of(tmp_path, run: RunRecord, atts: list[AttemptRecord]) -> Store:

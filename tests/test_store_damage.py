@@ -61,7 +61,9 @@ DAMAGE = [("attempts", "reasons", "notjson"), ("attempts", "reasons", "123"), ("
           # integers where a report's read sends shared values back as small integers (codes):
           # never taken for one
           ("attempts", "verdict", 0), ("attempts", "outcome", 1), ("attempts", "node", 0), ("attempts", "reasons", 1),
-          ("attempts", "upstream", 0)]
+          ("attempts", "upstream", 0),
+          # a negative or infinite wall time: the JSON report printed -2.0 or null (an attack pass)
+          ("attempts", "wall_s", -5.0), ("attempts", "wall_s", float("inf"))]
 
 
 @pytest.mark.parametrize("table,column,value", DAMAGE)
@@ -100,7 +102,12 @@ DEEP = [("attempts", "error", "CAST(x'41ff' AS TEXT)"), ("attempts", "task_id", 
         ("samples", "t", "'x'"), ("samples", "memory_current", "x'00ff'"),
         ("attempts", "model_calls", "'[{\"provider\": \"openai\", \"started\": 1, \"tokens_in\": \"x\"}]'"),
         ("attempts", "model_calls", "'[{\"latency_s\": \"slow\"}]'"), ("runs", "profile_json", "'{\"cpus\": \"x\"}'"),
-        ("runs", "profile_json", "'{\"memory\": [1]}'"), ("runs", "trials", "1000000000")]
+        ("runs", "profile_json", "'{\"memory\": [1]}'"), ("runs", "trials", "1000000000"),
+        # from an attack pass: a negative or infinite wall time (the JSON report printed -2.0 or
+        # null), rule items and an upstream summary of the wrong types, JSON nested past recursion
+        ("attempts", "rules", "'[{\"rule\": [\"x\"], \"breached\": true, \"scope\": \"host\"}]'"),
+        ("attempts", "upstream", "'{\"calls\": \"x\"}'"), ("attempts", "upstream", "'{\"models\": 5}'"),
+        ("attempts", "reasons", "'" + "[" * 100_000 + "]" * 100_000 + "'")]
 
 
 @pytest.mark.parametrize("table,column,sql", DEEP)

@@ -302,6 +302,10 @@ def judge(row: RunRecord, attempts: list[Any], reqs: list[Any], pts: list[tuple[
     notes: list[str] = []
     if row.status != "complete" and (allow_incomplete or pending is None):
         notes.append(f"run {row.id} is {row.status}; judging the slots measured so far")
+    # what the report warns of the sample the figures rest on, said where CI reads it too
+    from harness.report.build import build_report
+
+    notes += [w for w in build_report(row, attempts).warnings if w.startswith("selection-bias")]
     if brow is not None:
         if brow.id == row.id:
             die(f"--baseline {baseline} is run {row.id} itself; pass an earlier run")

@@ -65,6 +65,7 @@ class SlotIndex:
     discarded: dict[int, list[int]]  # position -> rows of the slot's discarded attempts, by (attempt number, id)
     thrown: list[int]  # rows of every attempt not clean (a stray one too), in table order
     strays: list[int]  # rows of attempts in no slot of the run (a task it does not have, a slot past its trials)
+    extra_clean: list[int] = field(default_factory=list)  # rows of clean attempts after the one that counts in their slot
 
 
 def slot_index(attempts: Any, task_ids: list[str], trials: int) -> SlotIndex:
@@ -93,8 +94,10 @@ def slot_index(attempts: Any, task_ids: list[str], trials: int) -> SlotIndex:
         first = np.ones(len(rows), bool)
         first[1:] = k[1:] != k[:-1]
     at = np.full(len(tids) * trials, -1, np.int64)
+    extra: list[int] = []
     if len(rows):
         at[k[first]] = rows[first]
+        extra = sorted(rows[~first].tolist())
     state = np.full(len(at), NONE, np.int64)
     has = at >= 0
     if has.any():
@@ -108,7 +111,7 @@ def slot_index(attempts: Any, task_ids: list[str], trials: int) -> SlotIndex:
         if len(group) > 1:
             group.sort(key=lambda r: (attempt_no[r], ids[r]))
     return SlotIndex(tids, trials, at.tolist(), state.reshape(len(tids), trials).tolist(), discarded,
-                     np.flatnonzero(~clean).tolist(), np.flatnonzero(~in_run).tolist())
+                     np.flatnonzero(~clean).tolist(), np.flatnonzero(~in_run).tolist(), extra)
 
 
 def slot_views(attempts: Iterable[AttemptRecord], task_ids: list[str], trials: int, max_reruns: int | None = None,

@@ -445,8 +445,12 @@ class Runner:
         said = False
         probe = self._probe if self._probe is not None and self._probe.age() < PROBE_FRESH_S else None
         early, self._probe, self._early_probe = self._early_probe, None, None
-        if early is not None and early.age() >= probe_s and not early.result(probe_s, cores=cores):
-            return  # quiet since the controller started
+        # quiet since the controller started: no wait of its own. Only while that window is at
+        # most twice the probe's length (a neighbour that began late in a long one would be
+        # averaged away), and never when the user asked to wait for quiet
+        if (early is not None and not wait_s and probe_s <= early.age() <= EARLY_PROBE_SPAN * probe_s
+                and not early.result(probe_s, cores=cores)):
+            return
         while not self._stop.is_set():
             busy = (probe or hoststats.CoreProbe(cores)).result(probe_s, cores=cores)
             probe = None
@@ -848,6 +852,7 @@ def images_needed(suite: Suite, prep: Prepared) -> list[str]:
 
 PROBE_MAX_S = 10.0
 PROBE_FRESH_S = 10.0  # a probe begun at start-up longer ago than this is taken afresh
+EARLY_PROBE_SPAN = 2.0  # the CLI's early probe answers only while it spans at most this many probe lengths
 
 
 def probe_seconds() -> float:

@@ -174,6 +174,10 @@ class KFigures(_M):
 
 class SuiteFigures(_M):
     n_tasks: int
+    discards_as_failures: dict[str, Any] | None = Field(None, description=(
+        "The figures (pass@1, pass@k, pass^k by name) had every slot with a discarded attempt (interruptions aside) "
+        "failed, with the number of such slots: a bound an agent cannot raise by having attempts discarded. Null "
+        "when none was discarded."))
     measured: int = Field(..., description="Tasks with at least one clean trial.")
     unmeasured_tasks: list[str] = Field(default_factory=list)
     pass1: Interval | None = Field(None, alias="pass@1")

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import TypeAdapter
 
-from harness.core.aggregate import FAIL, NONE, outcomes, slot_index
+from harness.core.aggregate import FAIL, NONE, PASS, outcomes, slot_index
 from harness.core.envelope import ENVELOPE_FACTS, envelope_differences, node_name
 from harness.core.estimator import (
     ESTIMANDS,
@@ -52,6 +52,8 @@ BIAS_ALPHA = 0.05
 # over its tasks, is warned about too: the per-task test compares tasks with each other, so
 # discards that follow what the agent did on every task would pass it unseen.
 DISCARD_SHARE = 0.2
+# A figure this much above the same figure with every discarded slot counted as failed is warned about.
+WORST_GAP = 0.05
 
 
 # =========================================================================== building
@@ -137,13 +139,22 @@ def _boots(outs: list[TaskOutcomes], k: int, metrics: tuple[str, ...]) -> list[d
     return out
 
 
-def _hypergeom_sf(x: int, total: int, marked: int, drawn: int) -> float:
-    """P(X >= x) for X ~ Hypergeometric(total, marked, drawn): one-sided Fisher exact test."""
-    hi = min(marked, drawn)
-    if x > hi:
-        return 0.0
-    num = sum(math.comb(marked, i) * math.comb(total - marked, drawn - i) for i in range(max(x, 0), hi + 1))
-    return num / math.comb(total, drawn)
+def _discards_sf(x: int, r: int, total: int, slots: int) -> float:
+    """P(X >= x) for the discards X of a task with ``r`` clean slots, given ``total`` discards
+    over ``slots`` clean slots in all: under the null every attempt is discarded with the same
+    probability, so a task's discards are negative binomial in its slots (each slot is tried
+    until it is clean) and, given their sum, follow C(X+r-1, X) C(D-X+R-r-1, D-X) / C(D+R-1, D).
+    Its attempts are not a fixed number to draw from (Fisher's test took them as one, and
+    flagged honest runs far more often than its alpha)."""
+    if x <= 0:
+        return 1.0
+    rest = max(0, slots - r)
+
+    def ways(k: int, n: int) -> int:  # k discards over n slots; none at all over none
+        return math.comb(k + n - 1, k) if n > 0 else int(k == 0)
+
+    num = sum(ways(k, r) * ways(total - k, rest) for k in range(x, total + 1))
+    return num / ways(total, r + rest)
 
 
 def selection_bias(per_task: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
@@ -151,29 +162,56 @@ def selection_bias(per_task: dict[str, tuple[int, int]]) -> list[dict[str, Any]]
 
     ``per_task`` maps task -> (discarded attempts, all attempts). A task is flagged when it
     has at least BIAS_MIN_DISCARDS discards, its discard rate is at least BIAS_RATIO times
-    the pooled rate of the other tasks, and a one-sided Fisher exact test gives p < BIAS_ALPHA.
+    the pooled rate of the other tasks, and the exact conditional test of its discards
+    (:func:`_discards_sf`) stays significant at BIAS_ALPHA after Holm's correction over every
+    task tested (a Fisher test per task, uncorrected, flagged a task in about half of honest
+    runs with 10% of attempts discarded evenly).
     Why it matters: discarded attempts are rerun, so if discards depend on what the agent
     did (e.g. it burns CPU when it goes wrong), the clean attempts left are not a fair sample.
     """
     total_a = sum(a for _, a in per_task.values())
     total_d = sum(d for d, _ in per_task.values())
-    out = []
     if len(per_task) < 2:
-        return out
+        return []
+    tested = []
     for task, (d, a) in per_task.items():
-        if d < BIAS_MIN_DISCARDS or a == 0:
+        if d < BIAS_MIN_DISCARDS or a == 0 or total_a - a == 0:
             continue
-        other_a, other_d = total_a - a, total_d - d
-        if other_a == 0:
-            continue
-        rate, other = d / a, other_d / other_a
+        tested.append((_discards_sf(d, max(1, a - d), total_d, max(1, total_a - total_d)), task, d, a))
+    out = []
+    # Holm over every task (those with too few discards to be flagged have the largest p
+    # values): the i-th smallest p against alpha / (tasks - i)
+    for i, (p, task, d, a) in enumerate(sorted(tested)):
+        if p >= BIAS_ALPHA / (len(per_task) - i):
+            break
+        rate, other = d / a, (total_d - d) / (total_a - a)
         if other > 0 and rate < BIAS_RATIO * other:
             continue
-        p = _hypergeom_sf(d, total_a, total_d, a)
-        if p >= BIAS_ALPHA:
-            continue
         out.append({"task": task, "discarded": d, "attempts": a, "rate": rate, "others_rate": other, "p_value": p})
-    return out
+    return sorted(out, key=lambda b: list(per_task).index(b["task"]))
+
+
+def discards_as_failures(attempts: AttemptTable, ix: Any, ks: list[int]) -> dict[str, Any] | None:
+    """The run's figures if every slot with a discarded attempt (interruptions aside) had
+    failed: a bound an agent cannot raise by having attempts discarded, as it can the figures
+    themselves when it can cause a discard (a discard is rerun on the premise that the agent
+    did not cause it). None when no attempt was discarded."""
+    reasons = attempts.col("reasons")
+    hit = {p for p, rows in ix.discarded.items() if any("interrupted" not in (reasons[r] or ()) for r in rows)}
+    if not hit:
+        return None
+    outs = []
+    for ti, task in enumerate(ix.task_ids):
+        base = ti * ix.trials
+        trials = [False if base + i in hit else x == PASS for i, x in enumerate(ix.state[ti]) if x != NONE or base + i in hit]
+        outs.append(TaskOutcomes.made(task, trials, [], {}))
+    sm = suite_metrics(outs, ks)
+    figures: dict[str, Any] = {"pass@1": sm.pass1}
+    for k in ks:
+        if k > 1:
+            figures[f"pass@{k}"] = sm.by_k[k].pass_at_k
+            figures[f"pass^{k}"] = sm.by_k[k].pass_hat_k
+    return {"slots": len(hit), "figures": figures}
 
 
 def _breach_lines(a: Any) -> list[str]:
@@ -369,7 +407,9 @@ def _build(run: RunRecord, attempts: AttemptTable, k: int | None, seed: int, n_b
                 "naive_pass^k": km.naive_pass_hat_k,
             }
         )
+    worst = discards_as_failures(attempts, ix, ks)
     suite = {
+        "discards_as_failures": worst,
         "n_tasks": len(outs),
         "measured": len(measured),
         "unmeasured_tasks": list(sm.unmeasured),
@@ -414,6 +454,15 @@ def _build(run: RunRecord, attempts: AttemptTable, k: int | None, seed: int, n_b
 
     # ---- warnings, most important first
     warnings: list[str] = [b["message"] for b in bias]
+    if worst is not None:
+        now = {"pass@1": sm.pass1, **{f"pass^{k}": sm.by_k[k].pass_hat_k for k in ks if k > 1}}
+        gaps = [(m, v, worst["figures"].get(m)) for m, v in now.items() if v is not None and worst["figures"].get(m) is not None]
+        if any(v - w >= WORST_GAP for _, v, w in gaps):
+            warnings.append(
+                f"selection-bias bound: had the {worst['slots']} slot(s) with a discarded attempt failed, "
+                + ", ".join(f"{m} would be {w:.3f} (reported {v:.3f})" for m, v, w in gaps)
+                + " -- a discard is rerun on the premise that the agent did not cause it; an agent that can cause one "
+                "(an upstream error it provokes) chooses which attempts are scored")
     charged = [a for a in thrown if "interrupted" not in (a.reasons or ())]  # an interruption says nothing of the agent
     if len(charged) >= BIAS_MIN_DISCARDS and len(charged) >= DISCARD_SHARE * len(attempts):
         why = Counter(r for a in charged for r in (a.reasons or ["unknown"]))
@@ -470,6 +519,11 @@ def _build(run: RunRecord, attempts: AttemptTable, k: int | None, seed: int, n_b
                         + "; ".join(nodes["differ"]) + "): the figures mix environments")
     if late:
         warnings.append(f"{late} record(s) of attempts presumed lost arrived late; kept as evidence, never scored")
+    if ix.extra_clean:  # harness never writes them either: one slot, one clean attempt
+        first = attempts[ix.extra_clean[0]]
+        warnings.insert(0, f"{len(ix.extra_clean)} clean attempt(s) came after the one that counts in their slot (e.g. task "
+                           f"{one_line(first.task_id, 60)!r} slot {first.slot}, attempt {first.id}): a store changed outside harness "
+                           "or two controllers on one run; kept, never scored")
     strays = attempts.rows(ix.strays)
     if strays:  # harness never writes them: a store changed outside it, or two runs mixed
         first = strays[0]

@@ -34,8 +34,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.counters import Sample
 from harness.model.errors import StoreError, StoreLost
-from harness.model.gateway import ModelCall
+from harness.model.gateway import ModelCall, UpstreamSummary
 from harness.model.run import MAX_SLOTS, RunRecord
+from harness.model.sla import RuleResult
 from harness.model.table import AttemptTable
 from harness.model.units import collector_paused, one_line, utcnow
 from harness.store.orm import REPORT_INDEX_COLS, AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow
@@ -238,6 +239,8 @@ class Store:
             if _UNDECODABLE in str(e.orig):
                 raise StoreError(_damaged(self.url, _undecodable(str(e.orig)))) from None
             raise err(_explain(self.url, e)) from None
+        except RecursionError:  # JSON nested deeper than any record harness writes
+            raise StoreError(_damaged(self.url, "a stored JSON value is nested too deeply")) from None
         except (ValueError, TypeError) as e:  # a value the column's type cannot decode (JSON, a date)
             raise StoreError(_damaged(self.url, f"a stored value cannot be decoded ({type(e).__name__})")) from None
         except self.engine.dialect.loaded_dbapi.Error as e:  # the driver's own, from the cursor's tuples
@@ -473,7 +476,7 @@ class Store:
                 for v in set(col) - {None}:
                     try:
                         got = json.loads(vals[v] if type(v) is int else v)
-                    except ValueError:
+                    except (ValueError, RecursionError):  # RecursionError: nested deeper than any record
                         raise StoreError(_damaged(self.url, f"attempt {cols_[0][col.index(v)]}: column {name} is not JSON")) from None
                     if got is None:  # JSON null: what whole records make of it
                         got = empty
@@ -513,6 +516,10 @@ class Store:
             if low is not None and min(col) < low:
                 v = next(x for x in col if x < low)
                 _wrong(self.url, cols_[0][col.index(v)], name, v)
+            if ok == (int, float):  # an infinity SQLite keeps and harness never writes (scans in C)
+                for v in (math.inf, -math.inf):
+                    if v in col:
+                        _wrong(self.url, cols_[0][col.index(v)], name, v)
         columns = dict(zip(names, cols_))
         for name, v in absent:
             columns[name] = [v] * len(rows)
@@ -576,12 +583,13 @@ _RUN_DICTS = ("profile_json", "host", "images", "substitutions", "task_bases", "
 # values a column may hold besides its type's (a record's Literal fields)
 _ENUMS = {"verdict": ("clean", "discarded"), "outcome": ("pass", "fail", None), "failure_kind": (None, *FAILURE_KINDS)}
 # whole numbers with a floor (a negative slot would index a task's slots from the end)
-_FLOORS = {"slot": 0, "attempt_no": 1}
+_FLOORS = {"slot": 0, "attempt_no": 1, "wall_s": 0}
 
 
 # JSON columns whose items have a record type of their own, checked at read as that type (the
-# record keeps them as dicts): a report sums a call's tokens, an export turns its times into spans
-_ITEMS: dict[str, Any] = {"model_calls": list[ModelCall]}
+# record keeps them as dicts): a report sums a call's tokens and a summary's counts, groups
+# discards by a rule's scope, an export turns a call's times into spans
+_ITEMS: dict[str, Any] = {"model_calls": list[ModelCall], "rules": list[RuleResult], "upstream": UpstreamSummary}
 
 
 @functools.lru_cache(maxsize=64)
@@ -658,8 +666,11 @@ def _checked(row: dict[str, Any], url: str, table: Any = AttemptRow) -> dict[str
     if table is not AttemptRow:
         return row
     for name, low in _FLOORS.items():
-        if isinstance(row.get(name), int) and row[name] < low:
+        if isinstance(row.get(name), (int, float)) and row[name] < low:
             _wrong(url, row.get("id"), name, row[name])
+    for name, v in row.items():  # SQLite keeps an infinity harness never writes
+        if isinstance(v, float) and math.isinf(v):
+            _wrong(url, row.get("id"), name, v)
     for name, allowed in _ENUMS.items():
         if name in row and row[name] not in allowed:
             _wrong(url, row.get("id"), name, row[name], show=True)
