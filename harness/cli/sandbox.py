@@ -256,7 +256,7 @@ def images_build(
     Dockerfiles (Harbor, Terminal-Bench) are built per task with their bases mapped to local
     images (`harness images basemap`), the host's CA bundle passed in for pip / apt. Any
     image whose inputs (files, Dockerfile, base image) are unchanged is skipped; the log of
-    every build is kept under .harness/builds/.
+    every build is kept under $HARNESS_HOME/builds/ (default .harness/builds/).
 
     Examples:
 

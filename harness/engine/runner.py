@@ -114,8 +114,9 @@ def stale_image_reason(client: Any, suite: Suite) -> str | None:
     if labels is None:
         return None
     built = labels.get(INPUTS_LABEL)
-    if not built or not suite.dockerfile_path.is_file():
-        return None  # not built by harness (a user's own build), or nothing to compare
+    dockerfile = suite.dockerfile_path
+    if not built or dockerfile is None or not dockerfile.is_file():
+        return None  # not built by harness (a user's own build), or no Dockerfile to compare
     made_for = labels.get(SUITE_LABEL)
     if made_for is None and suite.image in HARNESS_IMAGES:
         return None  # the suite runs in harness's own image, whatever its Dockerfile would add
