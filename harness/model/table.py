@@ -1,10 +1,11 @@
 """A run's attempts as columns: what a report of 10^5 attempts reads without making an
 object per attempt.
 
-An :class:`AttemptTable` holds one list per field, in store order, and is also a sequence
-of records: ``table[i]`` is the i-th attempt (the record it was made from, or a read-only
-lean record made on demand from the columns), so code that walks records works unchanged
-and code that counts reads whole columns (``table.col("verdict")``) in C-level passes.
+An :class:`AttemptTable` holds one column per field (a list or tuple, in store order), and
+is also a sequence of records: ``table[i]`` is the i-th attempt (the record it was made
+from, or a read-only lean record made on demand from the columns), so code that walks
+records works unchanged and code that counts reads whole columns (``table.col("verdict")``)
+in C-level passes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence, overload
 
 
 class AttemptTable(Sequence[Any]):
-    """Columns of attempts (field -> list, all of one length), in store order.
+    """Columns of attempts (field -> values, all of one length), in store order.
 
     Made two ways: :meth:`of` from records (columns taken from them when first read; the
     records are what indexing gives back), or by a store's lean read from columns it
@@ -23,7 +24,7 @@ class AttemptTable(Sequence[Any]):
 
     __slots__ = ("_cols", "_fields", "_n", "_records", "_make", "_lean")
 
-    def __init__(self, columns: dict[str, list[Any]], make: Callable[[Any], Any] | None = None,
+    def __init__(self, columns: dict[str, Sequence[Any]], make: Callable[[Any], Any] | None = None,
                  records: Sequence[Any] | None = None, n: int | None = None) -> None:
         self._cols = columns
         self._fields = tuple(columns)
@@ -44,8 +45,8 @@ class AttemptTable(Sequence[Any]):
         records = list(attempts)
         return cls({}, records=records, n=len(records))
 
-    def col(self, name: str) -> list[Any]:
-        """The column ``name``: one value per attempt, in order (do not change it)."""
+    def col(self, name: str) -> Sequence[Any]:
+        """The column ``name``: one value per attempt, in order (read it, never change it)."""
         c = self._cols.get(name)
         if c is None:
             if self._lean:

@@ -1,9 +1,9 @@
 """Building the :class:`~harness.model.report.Report` of a run from its stored attempts.
 
 Records (or their columns, an AttemptTable) in, a Report out; no database, no Docker, no
-CLI. Nothing is cached: ``build_report(run, attempts)`` derives every figure from the attempts it is given (only the
-clean attempt of each slot is scored; unmeasured slots are listed, never counted), so adding
-an attempt changes the next report. The renderers are ``harness.report.render``.
+CLI. Nothing is cached: ``build_report(run, attempts)`` derives every figure from the
+attempts it is given (only the clean attempt of each slot is scored; unmeasured slots are
+listed, never counted), so adding an attempt changes the next report. The renderers are ``harness.report.render``.
 """
 
 from __future__ import annotations
