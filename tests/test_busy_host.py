@@ -84,6 +84,18 @@ def _pre_run_check(core: int, early: CoreProbe | None) -> tuple[float, list[str]
     return time.monotonic() - t0, notices
 
 
+def _check_beside_a_spinner(core: int, early: CoreProbe | None) -> tuple[float, list[str], int]:
+    """The pre-run check while a spinner has held ``core`` for 0.4 s: (seconds, notices, its pid)."""
+    spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.4)
+        took, notices = _pre_run_check(core, early)
+    finally:
+        spin.kill()
+        spin.wait()
+    return took, notices, spin.pid
+
+
 def test_a_probe_begun_before_the_engine_spares_the_pre_run_wait(monkeypatch):
     # the CLI begins a probe of every core as soon as it is kept to the reserved cores; quiet
     # over that window, the check before the first lease does not wait its 0.3 s out again
@@ -104,14 +116,8 @@ def test_a_neighbour_that_began_late_in_a_long_start_up_is_still_named(monkeypat
     core = sorted(os.sched_getaffinity(0))[-1]
     early = CoreProbe()
     time.sleep(1.2)  # a long start-up, quiet
-    spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.4)
-        took, notices = _pre_run_check(core, early)
-    finally:
-        spin.kill()
-        spin.wait()
-    assert len(notices) == 1 and f"pid {spin.pid} " in notices[0], notices
+    _, notices, pid = _check_beside_a_spinner(core, early)
+    assert len(notices) == 1 and f"pid {pid} " in notices[0], notices
 
 
 def test_a_core_busy_early_is_probed_again_and_a_busy_one_still_named(monkeypatch):
@@ -119,15 +125,8 @@ def test_a_core_busy_early_is_probed_again_and_a_busy_one_still_named(monkeypatc
     # decides; busy there too, the neighbour is named as before
     monkeypatch.setenv("HARNESS_PROBE_S", "0.3")
     core = sorted(os.sched_getaffinity(0))[-1]
-    early = CoreProbe()
-    spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.4)
-        took, notices = _pre_run_check(core, early)
-    finally:
-        spin.kill()
-        spin.wait()
-    assert len(notices) == 1 and "busy trial cores" in notices[0] and f"pid {spin.pid} " in notices[0], notices
+    _, notices, pid = _check_beside_a_spinner(core, CoreProbe())
+    assert len(notices) == 1 and "busy trial cores" in notices[0] and f"pid {pid} " in notices[0], notices
     early = CoreProbe()
     spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
     time.sleep(0.4)
