@@ -35,6 +35,7 @@ from harness.measure.cgroup import (
     parse_v1_quota,
     read_limits,
     read_snapshot,
+    write_limits,
 )
 from harness.model.counters import PSI, CgroupLimits, CgroupSnapshot, CounterDelta
 
@@ -655,3 +656,49 @@ def test_a_sample_skips_a_malformed_throttling_value_and_refuses_a_malformed_usa
     (d / "cpu.stat").write_text("usage_usec 7x7\n")
     with pytest.raises(CgroupError, match="no usage_usec line with a number"):
         reader.sample()
+
+
+def test_write_limits_v2_writes_the_unified_files_and_keeps_the_period(tmp_path):
+    d = tmp_path / "cg"
+    d.mkdir()
+    for f, v in {"memory.max": "268435456\n", "memory.swap.max": "max\n", "cpu.max": "100000 50000\n"}.items():
+        (d / f).write_text(v)
+    p = CgroupPaths(version=2, driver="cgroupfs", cgroup_path="/x", cpu=str(d), cpuacct=str(d), memory=str(d), unified=str(d))
+    got = write_limits(p, 300 << 20, 25_000)
+    assert (d / "memory.max").read_text() == str(300 << 20)
+    assert (d / "memory.swap.max").read_text() == "0"
+    assert (d / "cpu.max").read_text() == "25000 50000"
+    assert (got.memory_max, got.swap_max, got.cpu_quota_us, got.cpu_period_us) == (300 << 20, 0, 25_000, 50_000)
+
+
+@pytest.mark.parametrize("before, new", [(256 << 20, 512 << 20), (512 << 20, 128 << 20), (None, 128 << 20)])
+def test_write_limits_v1_orders_memsw_so_it_never_falls_below_memory(tmp_path, monkeypatch, before, new):
+    """The kernel refuses memory.limit_in_bytes above memsw, and memsw below the limit: a
+    raise writes memsw first, a lowering writes it last (an unlimited limit counts as higher)."""
+    d = tmp_path / "mem"
+    d.mkdir()
+    unlimited = str(0x7FFFFFFFFFFFF000)
+    (d / "memory.limit_in_bytes").write_text(str(before) if before else unlimited)
+    (d / "memory.memsw.limit_in_bytes").write_text(str(before) if before else unlimited)
+    (d / "cpu.cfs_quota_us").write_text("100000")
+    (d / "cpu.cfs_period_us").write_text("100000")
+    order = []
+    import harness.measure.cgroup as cg
+    real = cg._write
+
+    def kernel_like(path, value):  # the kernel's rule, checked at each step
+        lim = int((d / "memory.limit_in_bytes").read_text())
+        sw = int((d / "memory.memsw.limit_in_bytes").read_text())
+        name = os.path.basename(path)
+        if name == "memory.limit_in_bytes":
+            assert int(value) <= sw, "limit above memsw"
+        if name == "memory.memsw.limit_in_bytes":
+            assert int(value) >= lim, "memsw below the limit"
+        order.append(name)
+        real(path, value)
+
+    monkeypatch.setattr(cg, "_write", kernel_like)
+    p = CgroupPaths(version=1, driver="cgroupfs", cgroup_path="/x", cpu=str(d), cpuacct=str(d), memory=str(d))
+    got = write_limits(p, new, 50_000)
+    assert (got.memory_max, got.memsw_max, got.cpu_quota_us) == (new, new, 50_000)
+    assert order[-1] == "cpu.cfs_quota_us"

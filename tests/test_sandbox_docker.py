@@ -452,3 +452,67 @@ def test_a_timeout_shorter_than_the_exec_start_still_stops_the_command(docker_cl
         r = run_command(DockerBackend(docker_client), SANDBOX_IMAGE, prof(), trial_cpu, ["sleep", "60"], timeout=0.01)
         assert r.kind == "timeout" and r.exec.timed_out, r
         assert time.monotonic() - t0 < (30 if EMULATED else 3), time.monotonic() - t0
+
+
+def test_halt_kills_everything_in_the_sandbox_and_leaves_the_removal_to_the_engine(docker_client, trial_cpu):
+    """halt() ends what an attempt runs on its cores (the next agent window on them may open);
+    the container stays until remove(), which then finds it exited."""
+    sb = DockerBackend(docker_client).sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu))
+    try:
+        sb.start()
+        # a workload that detached from everything: its own session, output elsewhere
+        assert sb.exec(["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 &"], timeout=20).exit_code == 0
+        pids = sb._procs()
+        assert len(pids) >= 3, pids  # the init, its keeper, the orphan
+        assert sb.halt()
+        assert not any(docker_sandbox._is_running(p) for p in pids)
+        assert sb._procs() == [] or not any(docker_sandbox._is_running(p) for p in sb._procs())
+        docker_client.containers.get(sb.container.id)  # still there (its engine may not have seen the exit yet)
+    finally:
+        assert sb.remove()
+    assert not leftovers(docker_client)
+    assert not sb.halt()  # removed: nothing to halt, nothing said about it
+
+
+def test_halt_never_signals_a_pid_that_is_not_the_sandboxs(docker_client, trial_cpu, monkeypatch):
+    """The pid the sandbox knows may have been reused by the time it is halted (a container
+    that died on its own): a host process holding it is never signalled."""
+    monkeypatch.setattr(docker_sandbox, "HALT_WAIT_S", 0.2)
+    bystander = subprocess.Popen(["sleep", "1000"])
+    sb = DockerBackend(docker_client).sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu))
+    try:
+        sb.start()
+        real = sb.pid
+        sb.pid = bystander.pid  # as if the init's pid now named this host process
+        assert not sb.halt(wait_s=0.2)  # the sandbox's own processes still run: not halted
+        assert bystander.poll() is None
+        assert docker_sandbox._is_running(real)
+    finally:
+        bystander.kill()
+        bystander.wait()
+        sb.remove()
+    assert not leftovers(docker_client)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["kernel-files", "engine-api"])
+def test_the_grade_envelope_is_set_lower_and_higher_and_read_back(docker_client, trial_cpu, monkeypatch, direct):
+    """set_envelope writes the cgroup's own files (v1 keeps memory+swap >= memory at every
+    step, so lowering and raising take opposite orders); where the kernel refuses, the engine's
+    update does it. Either way the limits come back from the kernel."""
+    if not direct:
+        def refused_fake(*a, **k):  # a fake: a read-only /sys/fs/cgroup (a controller in a container)
+            raise OSError(30, "Read-only file system")
+        monkeypatch.setattr(docker_sandbox.cgroup, "write_limits", refused_fake)
+    sb = DockerBackend(docker_client).sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(memory="512m"), cpuset=trial_cpu))
+    try:
+        sb.start()
+        for mem, quota in ((300 << 20, 50_000), (700 << 20, 100_000), (64 << 20, 20_000)):
+            got = sb.set_envelope(mem, quota)
+            assert got is not None and got.memory_max == mem and got.cpu_quota_us == quota, got
+            assert got.swap_max in (0, None), got  # no swap: memory+swap = memory
+            assert got.cpu_period_us == 100_000
+        # the ceiling is the kernel's: 100 MiB does not fit under 64 MiB
+        r = sb.exec(["python3", "-c", "b = bytearray(100 << 20); print(len(b))"], timeout=30)
+        assert r.exit_code != 0
+    finally:
+        sb.remove()

@@ -13,7 +13,10 @@ while the next one sets up. The rules, per lane:
 - an agent window opens only while no sandbox of the lane is starting or being removed,
   and while it is open none starts or is removed;
 - a member's removal begins in the same step that ends its in-container work, so the next
-  member's agent window waits for that removal to end.
+  member's agent window waits for that removal to end -- or only until its processes are
+  gone, where the controller can see them (``Sandbox.halt``): the engine's unmounts and
+  deletes that follow run in the engine's processes, not in anything pinned to these cores,
+  and the agent window's own host view of the cores still tells any contention.
 
 So no agent window ever overlaps another attempt's presence on its cores except as an idle,
 started container that runs nothing (its init process asleep). The leased cores are given

@@ -672,9 +672,17 @@ class _Attempt:
         """Remove the sandbox, the services, the separate verifier and the network."""
         self.gate.remove_begin()  # the next attempt on these cores may set up now; its agent waits for this removal
         try:
+            # once nothing of this attempt runs on the cores, the rest of its removal (the
+            # engine's unmounts and deletes) is no longer the lane's business: the next agent
+            # window may open (where that cannot be seen from here, the whole removal is waited)
+            if all(s.halt() for s in self._containers()):
+                self.gate.remove_end()
             return self._remove_all()
         finally:
             self.gate.remove_end()
+
+    def _containers(self) -> list[Sandbox]:
+        return [*self.extra, *([self.sb] if self.sb is not None else []), *self.services.values()]
 
     def _remove_all(self) -> bool:
         removed = True
@@ -682,7 +690,7 @@ class _Attempt:
         self._gateway_close()
         if self.net is not None and self._wants_gateway():
             self.p.gateway.detach(self.net.name)
-        for s in [*self.extra, *([self.sb] if self.sb is not None else []), *self.services.values()]:
+        for s in self._containers():
             gone = s.remove()
             if not gone:
                 self.d.note(f"container {s.name} could not be removed yet; its cores stay leased until it is")

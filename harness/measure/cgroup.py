@@ -54,6 +54,7 @@ __all__ = [
     "parse_v1_quota",
     "read_limits",
     "read_snapshot",
+    "write_limits",
 ]
 
 
@@ -610,6 +611,41 @@ def read_limits(paths: CgroupPaths) -> CgroupLimits:
         swap_max=memsw_max - memory_max if memsw_max is not None and memory_max is not None else None,
         pids_max=parse_max_value(pm) if pm is not None else None,
     )
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def write_limits(paths: CgroupPaths, memory: int, cpu_quota_us: int) -> CgroupLimits:
+    """Set a cgroup's memory ceiling (swap none: memory+swap = memory) and CPU quota (its period
+    kept) in the kernel's own files, then read them back. What ``docker update`` ends in, without
+    the engine round trip (a grade envelope is set on every attempt's critical path). Raises
+    OSError when the kernel or the mount refuses (read-only /sys/fs/cgroup, a limit below what is
+    in use): the caller falls back to its engine's API."""
+    j = os.path.join
+    if paths.version == 2:
+        d = paths.unified or paths.memory
+        _write(j(d, "memory.max"), str(memory))
+        if os.path.exists(j(d, "memory.swap.max")):
+            _write(j(d, "memory.swap.max"), "0")
+        _, period = parse_cpu_max(_read(j(d, "cpu.max")) or "max 100000")
+        _write(j(d, "cpu.max"), f"{cpu_quota_us} {period or 100000}")
+        return read_limits(paths)
+    limit, memsw = j(paths.memory, "memory.limit_in_bytes"), j(paths.memory, "memory.memsw.limit_in_bytes")
+    swap_accounted = os.path.exists(memsw)
+    # v1 keeps memsw >= memory at every step: raise memsw first, lower it last
+    text = _read(limit)
+    now = parse_v1_bytes_limit(text) if text is not None else None  # None: unlimited
+    for f in ((memsw, limit) if now is not None and memory >= now else (limit, memsw)):
+        if f == limit or swap_accounted:
+            _write(f, str(memory))
+    _write(j(paths.cpu, "cpu.cfs_quota_us"), str(cpu_quota_us))
+    return read_limits(paths)
 
 
 # --------------------------------------------------------------------------- snapshots

@@ -165,6 +165,13 @@ class Sandbox(ABC):
     def healthy(self, cmd: list[str] | None, timeout: float, stop: "Any" = None) -> str | None:
         """Wait until a service runs and ``cmd`` exits 0 in it; None, or why it never did."""
 
+    def halt(self) -> bool:
+        """Kill every process of the sandbox, its keeper too, and wait until none runs; the
+        sandbox itself stays for :meth:`remove`. True only when this side can tell that nothing
+        of it runs on its cores any more (what is left of a removal is then the engine's own
+        bookkeeping). The default tells nothing: removal alone says when it is over."""
+        return False
+
     @abstractmethod
     def remove(self) -> bool:
         """Remove the sandbox; True when it is gone (False: removal failed, retry later)."""
