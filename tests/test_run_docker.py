@@ -236,7 +236,8 @@ def test_rows_committed_in_wal_mode_are_graded(docker_client, tmp_path):
 def test_concurrent_attempts_never_share_a_core(docker_client, tmp_path):
     """With no core reserved, both cores take trials at once: two lanes, exclusive cpusets.
     On a lane the next attempt starts its sandbox while the one before grades, but no agent
-    window overlaps any other attempt's life on its core (read back from the stored phases)."""
+    window overlaps any other attempt's life on its core (read back from the stored phases):
+    every attempt was halted (its processes gone) before its removal."""
     if len(os.sched_getaffinity(0)) < 2:
         missing("needs two cores (CI/HARNESS_REQUIRE_DOCKER machines have them)")
     r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "4", "--k", "1,2", "--reserve-cores", "0", "--max-reruns", "30",
@@ -252,9 +253,13 @@ def test_concurrent_attempts_never_share_a_core(docker_client, tmp_path):
     for a in atts:
         t0 = a.started_at.timestamp()
         agent = [(t0 + p["start_s"], t0 + p["start_s"] + p["wall_s"]) for p in a.phases if p["name"] == "agent"]
-        life = (t0 + a.phases[0]["start_s"], t0 + max(p["start_s"] + p["wall_s"] for p in a.phases))
+        # its life on the core ends when its processes are gone (halt); the engine's removal after that runs elsewhere
+        halted = [p for p in a.phases if p["name"] == "halt"]
+        on_core = a.phases[:a.phases.index(halted[0]) + 1] if halted else a.phases
+        life = (t0 + a.phases[0]["start_s"], t0 + max(p["start_s"] + p["wall_s"] for p in on_core))
         by_core.setdefault(a.cpuset, []).append((a.id, agent, life))
     assert len(by_core) == 2 and all(len(c.split(",")) == 1 for c in by_core)
+    assert all([p["name"] for p in a.phases][-2:] == ["halt", "remove"] for a in atts), [a.phases for a in atts]
     overlapped = 0
     for lane in by_core.values():
         for i, agent, life in lane:

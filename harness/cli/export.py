@@ -33,7 +33,7 @@ def export(
     host counters, SLA rules, verdict, outcome; the grade as a
     `gen_ai.evaluation.result` event) > its phases at their recorded times
     (those it had of gateway, lane, services, sandbox, setup, agent, stop,
-    export, grade, verifier-sandbox, remove) >
+    export, grade, verifier-sandbox, halt, remove) >
     under the agent, one `chat {model}` span per model call the gateway
     recorded (GenAI attributes: provider, model, tokens, error.type). Times
     are the recorded ones and ids derive from the run, so this sends the

@@ -30,4 +30,5 @@ def run_command(backend: SandboxBackend, image: str, profile: Profile, cpuset: l
             envelope=sb.envelope, counters=m.counters, host=m.host, samples=m.samples,
         )
     finally:
+        sb.halt()  # killed from the host first: the engine then removes an exited container (~7 ms less)
         sb.remove()

@@ -9,7 +9,7 @@ place in the tree), names, times (from the records, never the export's clock) an
     run {suite}                                 created_at .. finished_at
       slot {task}                               per task x trial index: first attempt start .. last attempt end
         attempt                                 every attempt, discarded ones too: started_at .. finished_at
-          gateway | lane | services | sandbox | setup | agent | stop | export | grade | verifier-sandbox | remove
+          gateway | lane | services | sandbox | setup | agent | stop | export | grade | verifier-sandbox | halt | remove
                                                 every phase the record keeps, at its recorded time
             chat {model}                        (under agent) one per model call the gateway recorded
 

@@ -675,7 +675,10 @@ class _Attempt:
             # once nothing of this attempt runs on the cores, the rest of its removal (the
             # engine's unmounts and deletes) is no longer the lane's business: the next agent
             # window may open (where that cannot be seen from here, the whole removal is waited)
-            if all(s.halt() for s in self._containers()):
+            t, boxes = time.monotonic(), self._containers()
+            if all(s.halt() for s in boxes):
+                if boxes:
+                    self._phase("halt", t)  # from here on nothing of this attempt runs on its cores
                 self.gate.remove_end()
             return self._remove_all()
         finally:

@@ -108,7 +108,7 @@ class AttemptRecord(BaseModel):
         "image id and inputs hash), read there."))
     phases: list[dict[str, Any]] = Field(default_factory=list, description=(
         "The attempt's phases as the controller timed them, in order: name (gateway, lane, services, sandbox, setup, "
-        "agent, stop, export, grade, verifier-sandbox, remove), start_s (seconds after started_at, the controller's monotonic "
+        "agent, stop, export, grade, verifier-sandbox, halt: its processes killed, remove), start_s (seconds after started_at, the controller's monotonic "
         "clock) and wall_s. Empty in records made before phases were kept."))
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
