@@ -56,6 +56,7 @@ from harness.sandbox.images import (
     SANDBOX_IMAGE,
     SUITE_LABEL,
     dockerfile_inputs,
+    image_id,
     image_identity,
     image_labels,
 )
@@ -125,7 +126,11 @@ def stale_image_reason(client: Any, suite: Suite) -> str | None:
         return None
     fix = f"build it with `harness images build --suite {suite.root}` so the run measures what the suite says"
     if made_for is None:
-        return f"image {suite.image} was not built from suite {suite.name} (it is one of harness's own images under another name); {fix}"
+        ids = {image_id(client, t) for t in HARNESS_IMAGES} - {None}
+        if image_id(client, suite.image) in ids:
+            return f"image {suite.image} was not built from suite {suite.name} (it is one of harness's own images under another name); {fix}"
+        # a harness that did not yet record which suite it built from
+        return f"image {suite.image} was built from other files than suite {suite.name} has now ({built} != {now}); re{fix}"
     if made_for != suite.name:
         return (f"image {suite.image} was built from suite {one_line(made_for, 60)!r}'s files, not from suite {suite.name}'s "
                 f"({built} != {now}); {fix}")
