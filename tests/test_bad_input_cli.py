@@ -209,6 +209,14 @@ def test_image_built_from_older_suite_files_is_refused(tmp_path, docker_client):
         docker_client.images.get("harness/sandbox:latest").tag("harness/test-stale-probe", "latest")
         r = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
         assert_usage_error(r, tmp_path, "not built from suite probe-copy", "one of harness's own images")
+        # built FROM harness's image by something else (a `docker build` of one's own): it carries
+        # the parent's inputs label, so what it holds is unknown
+        import io
+        docker_client.images.build(fileobj=io.BytesIO(b"FROM harness/sandbox:latest\nENV BUILT_BY=hand\n"),
+                                   tag="harness/test-stale-probe:latest", pull=False, rm=True)
+        r = harness(tmp_path, "run", "--suite", str(d), "--tasks", "append", "--trials", "1", "--k", "1", "--db", db(tmp_path))
+        assert_usage_error(r, tmp_path, "built FROM harness/sandbox:latest by something else than `harness images build`",
+                           "harness images build --suite")
     finally:
         docker_client.images.remove("harness/test-stale-probe:latest", force=True)
 

@@ -126,9 +126,13 @@ def stale_image_reason(client: Any, suite: Suite) -> str | None:
         return None
     fix = f"build it with `harness images build --suite {suite.root}` so the run measures what the suite says"
     if made_for is None:
-        ids = {image_id(client, t) for t in HARNESS_IMAGES} - {None}
-        if image_id(client, suite.image) in ids:
+        own = {t: image_id(client, t) for t in HARNESS_IMAGES}
+        if image_id(client, suite.image) in set(own.values()) - {None}:
             return f"image {suite.image} was not built from suite {suite.name} (it is one of harness's own images under another name); {fix}"
+        parent = next((t for t in HARNESS_IMAGES if own[t] and (image_labels(client, t) or {}).get(INPUTS_LABEL) == built), None)
+        if parent is not None:  # a label inherited through FROM: built by something else than harness (`docker build`)
+            return (f"image {suite.image} was built FROM {parent} by something else than `harness images build` (it carries "
+                    f"{parent}'s inputs label, not suite {suite.name}'s), so what it holds is unknown; {fix}")
         # a harness that did not yet record which suite it built from
         return f"image {suite.image} was built from other files than suite {suite.name} has now ({built} != {now}); re{fix}"
     if made_for != suite.name:
