@@ -267,6 +267,8 @@ class RayExecutor(Executor):
                 time.sleep(min(0.2, left))
                 continue
             ready, _ = self._ray.wait(refs, num_returns=1, timeout=min(0.2, left))
+            if ready:  # a node's "started" lands before its attempt can end: read it first, so a
+                self._drain_events()  # worker that died right after it is named (its pid, node, cores)
             for ref in ready:
                 self._take(ref)
 
