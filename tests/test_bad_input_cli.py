@@ -306,3 +306,13 @@ def test_help_at_80_columns_has_no_line_broken_by_the_source(tmp_path):
     prose = r.stdout.split("Examples:")[0].splitlines()
     stubs = [ln for ln in prose if 0 < len(ln.strip()) <= 12 and not ln.strip().startswith(("Usage", "harness"))]
     assert not stubs, stubs
+
+
+@pytest.mark.parametrize("command", [["run"], ["report"], ["compare"], ["export"], ["sandbox", "exec"], ["gate"]])
+def test_help_at_80_columns_cuts_no_word_with_an_ellipsis(command):
+    # a URL or NAME=value example wider than the help column was cut ("openai=https://api.ope…"):
+    # it folds onto the next line, whole
+    env = {**os.environ, "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "harness", *command, "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and "Usage" in r.stdout, r.stderr[-500:]
+    assert "…" not in r.stdout, [ln for ln in r.stdout.splitlines() if "…" in ln]

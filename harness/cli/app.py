@@ -111,6 +111,29 @@ def reflow_help(text: str | None) -> str | None:
     return "\n\n".join(out)
 
 
+def _fold_long_words() -> None:
+    """--help at 80 columns: a token longer than the help column (a URL, a NAME=value example)
+    folds onto the next line instead of being cut with an ellipsis. Typer builds each option's
+    help as Columns of Text with rich's default overflow; where its helper is not there (a
+    later typer), help is printed as typer prints it."""
+    from rich.text import Text
+    from typer import rich_utils
+
+    made = getattr(rich_utils, "_get_parameter_help", None)
+    if made is None or getattr(made, "_folds", False):
+        return
+
+    def folded(*args: Any, **kwargs: Any) -> Any:
+        out = made(*args, **kwargs)
+        for item in getattr(out, "renderables", ()):
+            if isinstance(item, Text):
+                item.overflow = "fold"
+        return out
+
+    folded._folds = True  # type: ignore[attr-defined]
+    rich_utils._get_parameter_help = folded
+
+
 def _reflow_all(group: Any, ctx: Any) -> None:
     _no_flag_type(group)
     for name in group.list_commands(ctx):
@@ -158,6 +181,7 @@ class HarnessGroup(TyperGroup):
         from typer.exceptions import Abort
 
         _reflow_all(self, None)
+        _fold_long_words()
         self.help = reflow_help(self.help)
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
@@ -273,7 +297,8 @@ def keep_to_reserved(reserve_cores: int | None = None) -> bool:
     pin_process(list(pool.reserved or pool.cpus))  # none reserved (--reserve-cores 0): it shares every core, as it would unpinned
     return reserved
 
-DB_HELP = "Database URL (SQLAlchemy), default $HARNESS_DB, else sqlite:///$HARNESS_HOME/harness.db (HARNESS_HOME: .harness in the working directory)."
+DB_HELP = ("Database URL (SQLAlchemy). Default: $HARNESS_DB, else the SQLite file harness.db in $HARNESS_HOME "
+           "(default: .harness in the working directory).")
 
 
 def fmt3(v: float | None) -> str:
