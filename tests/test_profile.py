@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 from harness.engine.profiles import load_profile, load_profile_file
 from harness.model.errors import ProfileError
 from harness.model.profile import Profile
-from harness.model.units import MiB, count, parse_size
+from harness.model.units import MiB, parse_size, plural
 
 
 @pytest.mark.parametrize("name", ["tight", "standard", "generous"])
@@ -121,5 +121,5 @@ def test_true_is_not_a_number_in_what_a_user_writes(model, field):
     assert getattr(cls.model_validate({field: 8}), field) == 8
 
 
-def test_count_puts_the_noun_in_the_right_number():
-    assert (count(1, "trial"), count(0, "trial"), count(3, "trial"), count(2, "tally", "tallies")) == ("1 trial", "0 trials", "3 trials", "2 tallies")
+def test_plural_puts_the_noun_in_the_right_number():
+    assert (plural(1, "trial"), plural(0, "trial"), plural(3, "trial"), plural(2, "tally", "tallies")) == ("1 trial", "0 trials", "3 trials", "2 tallies")

@@ -70,6 +70,15 @@ def test_small_run_stores_every_attempt_and_summary_equals_recount(docker_client
     assert again["metrics"] == out["metrics"]
 
 
+def test_a_run_in_the_terminal_prints_its_plan_and_its_table(docker_client, tmp_path):
+    # what `make demo` shows (no --json): the plan line on stderr, the per-task table and the
+    # suite line on stdout (a name shadowed in the printing code once broke every such run)
+    r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "1", "--k", "1", "--db", db_url(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "(2 tasks x 1 trial)" in r.stderr, r.stderr[-2000:]
+    assert "1 trial ·" in r.stdout and "suite (mean over tasks): pass@1" in r.stdout, r.stdout[-2000:]
+
+
 def test_fresh_state_per_attempt_and_extra_effects_fail(docker_client, tmp_path):
     r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "3", "--db", db_url(tmp_path), "--json")
     assert r.returncode == 0, r.stderr

@@ -15,7 +15,7 @@ from harness.cli.app import DB_HELP, EXIT_FAIL, EXIT_INFRA, console, die, err, f
 from harness.cli.progress import ProgressDisplay, sigterm_as_interrupt
 from harness.engine.events import Fanout
 from harness.measure.host import CoreProbe
-from harness.model.units import count
+from harness.model.units import plural
 
 _fmt = fmt3
 
@@ -191,7 +191,7 @@ def run(
     at = _db_arg(db)  # the hints below name the store this run is in
     if not json_out:
         err.print(
-            f"run [bold]{r.id}[/]  suite {r.suite} ({count(len(r.task_ids), 'task')} x {count(r.trials, 'trial')})  profile {r.profile}  "
+            f"run [bold]{r.id}[/]  suite {r.suite} ({plural(len(r.task_ids), 'task')} x {plural(r.trials, 'trial')})  profile {r.profile}  "
             f"concurrency {r.concurrency}  max reruns {r.max_reruns}  image {r.image}",
             highlight=False,
         )
@@ -331,7 +331,7 @@ def _parse_ks(text: str) -> list[int]:
 def print_summary(s: dict[str, Any]) -> None:
     """The per-task ✓/✗ rows and the suite metrics, worst tasks first."""
     ks = [k for k in s["ks"]]
-    t = Table(title=f"{s['suite']} · profile {s['profile']} · {count(s['trials'], 'trial')} · run {s['run_id']}")
+    t = Table(title=f"{s['suite']} · profile {s['profile']} · {plural(s['trials'], 'trial')} · run {s['run_id']}")
     t.add_column("task")
     t.add_column("trials", no_wrap=True)
     t.add_column("c/n", justify="right")
@@ -526,7 +526,7 @@ def sweep(
 
     def started(prof: Any, runner: Any) -> None:
         if not json_out:
-            err.print(f"[bold]{prof.name}[/]: run {runner.run.id} ({count(len(runner.run.task_ids), 'task')} x {count(runner.run.trials, 'trial')})", highlight=False)
+            err.print(f"[bold]{prof.name}[/]: run {runner.run.id} ({plural(len(runner.run.task_ids), 'task')} x {plural(runner.run.trials, 'trial')})", highlight=False)
 
     sigterm_as_interrupt()
     try:

@@ -16,6 +16,7 @@ from typing import Iterable
 from harness.core.outcome import charged, first_clean
 from harness.model.attempt import AttemptRecord
 from harness.model.errors import RunError
+from harness.model.units import plural
 
 
 def slot_seed(run_seed: int, task_id: str, slot: int) -> int:
@@ -37,7 +38,7 @@ def resolve_ks(requested: list[int] | None, suite_ks: list[int], trials: int, su
     if too_big:
         src = "--k" if requested else f"suite {suite_name} (suite.toml: k)"
         raise RunError(
-            f"k = {','.join(map(str, too_big))} from {src} exceeds {trials} trials per task; "
+            f"k = {','.join(map(str, too_big))} from {src} exceeds {plural(trials, 'trial')} per task; "
             f"raise --trials to {max(too_big)} or pass --k {','.join(str(k) for k in ks if k <= trials) or '1'}"
         )
     return ks

@@ -45,7 +45,7 @@ from harness.model.errors import HarnessError, ProfileError, RunError, StoreLost
 from harness.model.profile import Profile
 from harness.model.run import MAX_SLOTS, MAX_TRIALS, RunRecord
 from harness.model.suite import Suite, Task
-from harness.model.units import did_you_mean, one_line, utcnow
+from harness.model.units import did_you_mean, one_line, plural, utcnow
 from harness.sandbox.basemap import BaseMap
 from harness.sandbox.docker_backend import DockerBackend
 from harness.sandbox.docker_sandbox import connect
@@ -224,7 +224,7 @@ class Runner:
         ks = resolve_ks(opts.ks, list(suite.k), trials, suite.name)
         for text, k in opts.gate_ks or []:  # judged after the run: refused now, not after the run has been paid for
             if k > trials:
-                raise RunError(f"--require {text!r}: k={k} exceeds the {trials} trials per task this run would have "
+                raise RunError(f"--require {text!r}: k={k} exceeds the {plural(trials, 'trial')} per task this run would have "
                                f"(more --trials, or a smaller k)")
         ks = sorted(set(ks) | {k for _, k in opts.gate_ks or []})  # a gate's k is fixed before the run: the report shows it
         max_reruns = opts.max_reruns if opts.max_reruns is not None else suite.max_reruns

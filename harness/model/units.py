@@ -209,7 +209,7 @@ def one_line(text: str, limit: int = 60) -> str:
     return "".join(ch if ch.isprintable() else "\ufffd" for ch in text)[:limit]
 
 
-def count(n: int, word: str, many: str | None = None) -> str:
+def plural(n: int, word: str, many: str | None = None) -> str:
     """``1 trial``, ``3 trials``: a number with its noun in the right number."""
     return f"{n} {word if n == 1 else many or word + 's'}"
 

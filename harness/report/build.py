@@ -38,7 +38,7 @@ from harness.model.attempt import FAILURE_KINDS, AttemptRecord
 from harness.model.report import REPORT_SCHEMA, Report, TaskRow
 from harness.model.run import RunRecord
 from harness.model.table import AttemptTable
-from harness.model.units import collector_paused, one_line
+from harness.model.units import collector_paused, one_line, plural
 from harness.report.usage import discard_scopes, unpriced_models, usage_of
 
 CONF = 0.95
@@ -73,7 +73,7 @@ def check_k(run: Any, k: int, fixed_only: bool = True) -> str | None:
     if k < 1:
         return f"k={k}: k must be >= 1"
     if k > run.trials:
-        return f"k={k} exceeds the {run.trials} trials per task of run {run.id}; measured k: {ks_text(ks)}"
+        return f"k={k} exceeds the {plural(run.trials, 'trial')} per task of run {run.id}; measured k: {ks_text(ks)}"
     if fixed_only and k not in ks:
         return (
             f"k={k} was not fixed for run {run.id} (measured k: {ks_text(ks)}); k is chosen by the "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.model.attempt import FAILURE_KINDS
-from harness.model.units import format_size
+from harness.model.units import format_size, plural
 from harness.report.build import ks_text, counts_text
 from harness.report.usage import cost_text, errors_text, tokens_text
 
@@ -125,7 +125,7 @@ def report_sections(r: dict[str, Any]) -> list[Section]:
             ["host", _host_text(idn["host"])],
             ["cgroup", f"v{idn['cgroup_version']}" if idn["cgroup_version"] else "–"],
             ["harness", f"{idn['harness_version']} · identity {idn['identity_hash'] or '–'}"],
-            ["design", f"{r['n_tasks']} tasks × {r['trials']} trials · k = {ks_text(ks)} · gate k = {gk} · seed {r['run']['seed']}"],
+            ["design", f"{plural(r['n_tasks'], 'task')} × {plural(r['trials'], 'trial')} · k = {ks_text(ks)} · gate k = {gk} · seed {r['run']['seed']}"],
         ],
     )
     if idn.get("images"):

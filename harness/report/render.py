@@ -12,6 +12,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any, Sequence
 
+from harness.model.units import plural
 from harness.report.build import counts_text, ks_text
 from harness.report.layout import HtmlBlock, Section, TableBlock, TextBlock, comparison_sections, f3, failures_text, fci, report_sections
 from harness.report.usage import cost_text, errors_text, tokens_text
@@ -214,7 +215,7 @@ def render_html(report: dict[str, Any], *, extra_sections: Sequence[Section] = (
     title = f"harness report · {idn['suite']} · run {report['run']['id']}"
     body = [
         f"<h1>{e(title)}</h1>",
-        f'<div class="sub">profile {e(idn["profile"])} · {report["n_tasks"]} tasks × {report["trials"]} trials · '
+        f'<div class="sub">profile {e(idn["profile"])} · {plural(report["n_tasks"], "task")} × {plural(report["trials"], "trial")} · '
         f'k = {e(ks_text(report["ks"]))} · recomputed from {report["attempts"]["total"]} stored attempts</div>',
     ]
     for sec in [*report_sections(report), *extra_sections]:
