@@ -79,6 +79,23 @@ def test_a_run_in_the_terminal_prints_its_plan_and_its_table(docker_client, tmp_
     assert "1 trial ·" in r.stdout and "suite (mean over tasks): pass@1" in r.stdout, r.stdout[-2000:]
 
 
+def test_an_agent_at_its_ceiling_fails_as_oom_killed_never_as_the_engines_error(docker_client, tmp_path):
+    # tmpfs pages (memory of no process) up to the ceiling, then more: where the OOM killer may
+    # take the sandbox's keeper (a controller without CAP_SYS_RESOURCE, as here) the container
+    # ends with it; the kernel counted the kill in the agent's cgroup, so the attempt is the
+    # agent's OOM failure -- it used to be discarded as an engine error and rerun, and the slot
+    # ended unmeasured: a failing agent could dodge its score
+    fill = "head -c 60m /dev/zero > /work/a; head -c 60m /dev/zero > /dev/shm/b; head -c 16m /dev/zero > /tmp/c; sleep 1"
+    r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "2", "--k", "1", "--profile", "tight", "--max-reruns", "1",
+                "--agent-cmd", f"sh -c '{fill}'", "--db", db_url(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    atts = Store.open(db_url(tmp_path), mode="ro").attempts(json.loads(r.stdout)["run_id"])
+    assert len(atts) == 4, [(a.verdict, a.reasons, a.error) for a in atts]
+    for a in atts:
+        assert (a.verdict, a.outcome, a.failure_kind) == ("clean", "fail", "oom_killed"), (a.verdict, a.reasons, a.error, a.grade_reason)
+        assert a.oom_kills and a.oom_kills >= 1
+
+
 def test_fresh_state_per_attempt_and_extra_effects_fail(docker_client, tmp_path):
     r = harness(tmp_path, "run", "--suite", PROBE, "--trials", "3", "--db", db_url(tmp_path), "--json")
     assert r.returncode == 0, r.stderr

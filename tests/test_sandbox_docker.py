@@ -494,6 +494,85 @@ def test_halt_never_signals_a_pid_that_is_not_the_sandboxs(docker_client, trial_
     assert not leftovers(docker_client)
 
 
+# a process whose leader thread ends alone (SYS_exit, not exit_group) while a worker thread
+# holds many open files of a tmpfs: its leader reads as a zombie, and once killed, the worker
+# spends a while closing them, in the cgroup, on the attempt's core
+LEADER_GONE = r'''
+import ctypes, os, sys, threading, time
+def hold():
+    for i in range(int(sys.argv[1])):
+        p = "/tmp/h%d-%d" % (os.getpid(), i)
+        os.open(p, os.O_CREAT | os.O_RDWR)
+        os.unlink(p)
+    open("/tmp/ready%d" % os.getpid(), "w").close()
+    while True:
+        time.sleep(1)
+threading.Thread(target=hold).start()
+ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93, "i686": 1}[os.uname().machine], 0)
+'''
+
+
+def _live_threads(sb) -> list[str]:
+    """Threads of the sandbox's cgroup that still run (v2 cgroup.threads, v1 tasks); none when
+    the cgroup is gone."""
+    for name in ("cgroup.threads", "tasks"):
+        try:
+            tids = open(os.path.join(sb.paths.memory, name)).read().split()
+        except OSError:
+            continue
+        return [t for t in tids if docker_sandbox._state(f"/proc/{t}/stat") not in ("", "Z", "X")]
+    return []
+
+
+def test_halt_waits_for_the_threads_of_a_process_whose_leader_ended(docker_client, trial_cpu):
+    """A process's threads run on after its leader thread ended: it is alive (the workload is
+    not over), and halt() says the sandbox is halted only once they are gone (they used to
+    spend their exit closing files on the core while the next agent window ran)."""
+    sb = DockerBackend(docker_client).sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu))
+    try:
+        sb.start()
+        r = sb.exec(["sh", "-c", 'for i in 1 2 3 4; do setsid python3 -c "$0" 15000 >/dev/null 2>&1 & done', LEADER_GONE], timeout=20)
+        assert r.exit_code == 0, r.stderr
+        deadline = time.monotonic() + 60
+        while sb.exec(["sh", "-c", "ls /tmp/ready* 2>/dev/null | wc -l"], timeout=20).stdout.strip() != "4":
+            assert time.monotonic() < deadline, "the workload never got ready"
+            time.sleep(0.1)
+        leaders = [p for p in sb._procs() if p not in sb._keep_pids]
+        assert leaders and all(docker_sandbox._state(f"/proc/{p}/stat") == "Z" for p in leaders), leaders
+        assert sb.workload_alive()  # zombie leaders, running threads
+        halted = sb.halt()
+        left = _live_threads(sb)
+        assert not halted or not left, f"halt() returned with {len(left)} threads of the sandbox still running"
+    finally:
+        assert sb.remove()
+    assert not leftovers(docker_client)
+
+
+def test_the_memory_ceiling_never_takes_the_keeper(docker_client, trial_cpu):
+    """A workload that fills its tmpfs (memory of no process) up to the ceiling and then asks
+    for more: the OOM killer takes a workload process, never the init or its keeper (spared
+    from the host), so the container lives on to be graded."""
+    sb = DockerBackend(docker_client).sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(memory="64m"), cpuset=trial_cpu))
+    try:
+        sb.start()
+        if not docker_sandbox.can_spare_from_oom_killer():  # this machine and CI: root in a container without it
+            assert not sb.oom_spared  # said by `harness doctor`; the pipeline's side is test_an_agent_at_its_ceiling_*
+            return
+        assert sb.oom_spared
+        for pid in sb._keep_pids:
+            assert open(f"/proc/{pid}/oom_score_adj").read().strip() == "-1000"
+        for _ in range(3):
+            sb.exec(["sh", "-c", "head -c 40m /dev/zero > /tmp/a$$; head -c 40m /dev/zero > /tmp/b$$; "
+                                 "head -c 40m /dev/zero > /dev/shm/c$$"], timeout=30)
+        snap = sb.snapshot()
+        assert snap is not None and (snap.oom_kills or 0) >= 1, snap
+        assert sb.alive() and all(docker_sandbox._is_running(p) for p in sb._keep_pids)
+        assert sb.exec(["true"], timeout=20).exit_code in (0, 137)  # the container still runs commands
+    finally:
+        assert sb.remove()
+    assert not leftovers(docker_client)
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["kernel-files", "engine-api"])
 def test_the_grade_envelope_is_set_lower_and_higher_and_read_back(docker_client, trial_cpu, monkeypatch, direct):
     """set_envelope writes the cgroup's own files (v1 keeps memory+swap >= memory at every

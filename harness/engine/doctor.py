@@ -38,7 +38,7 @@ def run_checks() -> list[Check]:
     from harness.measure import host as hoststats
     from harness.model.errors import EngineError
     from harness.sandbox.docker_backend import DockerBackend
-    from harness.sandbox.docker_sandbox import connect, image_present
+    from harness.sandbox.docker_sandbox import can_spare_from_oom_killer, connect, image_present
     from harness.sandbox.gateway import firewall_check
     from harness.sandbox.images import GATEWAY_IMAGE, SANDBOX_IMAGE
 
@@ -110,6 +110,12 @@ def run_checks() -> list[Check]:
             cg_psi = c is not None and c.psi_cpu_some_us is not None
             out.append(Check("cgroup PSI", "ok" if cg_psi else "warn", "per-cgroup pressure files readable" if cg_psi else "no per-cgroup PSI on this host",
                              "" if cg_psi else "needs cgroup v2 (or a hybrid cgroup2 mount) with PSI; per-cgroup pressure is then not recorded"))
+            spared = can_spare_from_oom_killer()
+            out.append(Check("OOM killer", "ok" if spared else "warn",
+                             "a sandbox's init and keeper are spared (oom_score_adj -1000): the ceiling takes workload processes only"
+                             if spared else "the controller lacks CAP_SYS_RESOURCE: the OOM killer may take a sandbox's keeper, and a "
+                             "workload at its memory ceiling then ends its container (still recorded as the agent's OOM failure)",
+                             "" if spared else "run the controller as root on the Docker host (with CAP_SYS_RESOURCE)"))
             env = r.envelope
             out.append(
                 Check(

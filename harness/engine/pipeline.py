@@ -454,6 +454,13 @@ class _Attempt:
         if why:
             ctx.infra = why
             return False
+        if not sb.alive() and self._agent_oom():
+            # the kernel counted OOM kills in the agent's cgroup: its memory ceiling took the
+            # container down (where the keeper could not be spared, see DockerSandbox): the
+            # agent's doing, a failure, never the engine's
+            ctx.grade = GradeResult(status="ungradable", reason="the container did not survive the agent's OOM kill; "
+                                    "its final state could not be graded")
+            return False
         if not sb.alive():
             # removed or killed outside the harness (an engine restart, `docker rm`, Ctrl-C):
             # the exit status means nothing, so the attempt cannot be graded

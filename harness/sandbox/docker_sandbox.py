@@ -92,12 +92,51 @@ def image_present(client: docker.DockerClient, image: str) -> bool:
         return False
 
 
-def _is_running(pid: int) -> bool:
+def _state(path: str) -> str:
+    """The state letter of /proc/.../stat ('' when it is gone); the comm before it may hold
+    anything, so it is read after the last ')'."""
     try:
-        st = Path(f"/proc/{pid}/stat").read_text()
-        return st.rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(path).read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _is_running(pid: int) -> bool:
+    """Whether any thread of process ``pid`` still runs. A process whose leader thread has
+    exited reads as a zombie while its other threads go on (or are still exiting: closing a
+    million files takes seconds of CPU), so a zombie leader's threads are looked at too."""
+    st = _state(f"/proc/{pid}/stat")
+    if st != "Z":
+        return st not in ("", "X")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
+    return any(_state(f"/proc/{pid}/task/{t}/stat") not in ("", "Z", "X") for t in tids)
+
+
+CAP_SYS_RESOURCE = 24
+
+
+def can_spare_from_oom_killer() -> bool:
+    """Whether this process may lower another's oom_score_adj (CAP_SYS_RESOURCE in effect:
+    root on a host, not root in a container that dropped it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _gone_within(fd: int, wait_s: float) -> bool:
+    """Whether the process of pidfd ``fd`` has ended within ``wait_s`` (a pidfd polls readable
+    once its process has exited; a pid namespace's init exits only after every other task
+    of the namespace, every thread, is gone)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(max(0, int(wait_s * 1000))))
 
 
 def _write_tree(root: Path, files: Tree) -> None:
@@ -483,6 +522,7 @@ class DockerSandbox(Sandbox):
         self.envelope = check_envelope(p, self.cpuset, applied, dev[1] if dev else None)
         # the init and its sleeping child survive kill_tree(); everything else is the workload
         self._keep_pids = {self.pid, self._keeper()} if not self.service else set()
+        self._spare_from_oom_killer()
         if self.spec.writable_root:
             for at, files in self.spec.trees.items():
                 self.put_tree(at, files)
@@ -505,6 +545,24 @@ class DockerSandbox(Sandbox):
                 raise SandboxError(f"container {self.name}: its init started no keeper process within {KEEPER_WAIT_S:g} s "
                                    f"(the init {alive})")
             time.sleep(0.002)
+
+    def _spare_from_oom_killer(self) -> None:
+        """The init and its keeper are never the memory ceiling's victims: a workload that fills
+        its tmpfs mounts (memory of no process) up to the limit left the keeper, as small as
+        any other process, as likely a victim as itself; the init then ended and the container
+        with it. Set from the host, where the controller may lower oom_score_adj
+        (CAP_SYS_RESOURCE; `harness doctor` says when it may not). Without it, a container the
+        ceiling took down is still the agent's OOM failure (the kernel's count says so), never
+        the engine's (see the pipeline)."""
+        self.oom_spared = False
+        if not can_spare_from_oom_killer():
+            return
+        try:
+            for pid in self._keep_pids:
+                Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
+        except OSError:
+            return
+        self.oom_spared = True
 
     @property
     def notes(self) -> list[str]:
@@ -734,9 +792,15 @@ class DockerSandbox(Sandbox):
                 fd = None
             except OSError:
                 return False
+            deadline = time.monotonic() + wait_s
             try:
                 if fd is not None and self.pid in self._procs():
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    # the init ends last: once it has, no task of its namespace is left (a
+                    # thread still exiting holds it back, which the cgroup's process list
+                    # would not show: its leader reads as a zombie)
+                    if not _gone_within(fd, wait_s):
+                        return False
             except ProcessLookupError:
                 pass
             except OSError:
@@ -744,7 +808,6 @@ class DockerSandbox(Sandbox):
             finally:
                 if fd is not None:
                     os.close(fd)
-            deadline = time.monotonic() + wait_s
             while any(_is_running(p) for p in self._procs()):
                 if time.monotonic() >= deadline:
                     return False
