@@ -316,3 +316,35 @@ def test_help_at_80_columns_cuts_no_word_with_an_ellipsis(command):
     r = subprocess.run([sys.executable, "-m", "harness", *command, "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and "Usage" in r.stdout, r.stderr[-500:]
     assert "…" not in r.stdout, [ln for ln in r.stdout.splitlines() if "…" in ln]
+
+
+def _all_commands() -> list[list[str]]:
+    import typer
+
+    from harness.cli.commands import app
+
+    out: list[list[str]] = []
+
+    def walk(group, path):
+        for name, cmd in sorted(getattr(group, "commands", {}).items()):
+            if getattr(cmd, "hidden", False):
+                continue
+            out.append([*path, name])
+            walk(cmd, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+def test_every_help_example_fits_80_columns_and_pastes_whole():
+    # an example wrapped at 80 columns pastes as two broken commands ("--tasks" on one line,
+    # its value on the next): every example of every command fits on its line
+    env = {**os.environ, "COLUMNS": "80"}
+    broken = []
+    for command in _all_commands():
+        r = subprocess.run([sys.executable, "-m", "harness", *command, "--help"], capture_output=True, text=True, env=env, timeout=60)
+        lines = r.stdout.splitlines()
+        for i, ln in enumerate(lines[:-1]):
+            if ln.lstrip().startswith("harness ") and lines[i + 1].strip() and not lines[i + 1].lstrip().startswith(("harness ", "#")):
+                broken.append(f"{' '.join(command)}: {ln.strip()} / {lines[i + 1].strip()}")
+    assert not broken, "\n".join(broken)

@@ -441,7 +441,8 @@ def test_samples_export_counts_equal_stored_rows(runs, tmp_path):
     first = attempts[0]
     out = tmp_path / "one.jsonl"
     r = invoke("samples", str(first.id), "--jsonl", "--out", str(out), "--db", runs.db)
-    assert r.exit_code == 0 and f"wrote {stored[first.id]} samples" in r.stderr
+    n = stored[first.id]
+    assert r.exit_code == 0 and f"wrote {n} sample{'' if n == 1 else 's'} from 1 attempt of attempt {first.id}" in r.stderr, r.stderr
     lines = [json.loads(ln) for ln in out.read_text().splitlines()]
     want = runs.store.samples(first.id)
     assert [(x["t"], x["cpu_usage_us"], x["memory_current"]) for x in lines] == [(s.t, s.cpu_usage_us, s.memory_current) for s in want]

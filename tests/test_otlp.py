@@ -23,6 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -295,6 +296,11 @@ def test_collector_down_the_run_goes_on_and_export_exits_3(tmp_path, docker_clie
     assert exp.returncode == 3, exp.stderr
     out = exp.stderr.strip().splitlines()
     assert len(out) == 1 and f"127.0.0.1:{port}/v1/traces" in out[0] and "connection refused" in out[0], exp.stderr
+    # a refused port is known at once: the export does not retry until its timeout (here a
+    # minute) has passed, as the SDK alone does
+    t0 = time.monotonic()
+    exp = run_cli(tmp_path, "export", run_id, "--otlp", f"http://127.0.0.1:{port}", env={"OTEL_EXPORTER_OTLP_TIMEOUT": "60000"})
+    assert exp.returncode == 3 and "connection refused" in exp.stderr and time.monotonic() - t0 < 30, exp.stderr
 
 
 # -- bad input ------------------------------------------------------------------------

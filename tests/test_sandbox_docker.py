@@ -595,3 +595,13 @@ def test_the_grade_envelope_is_set_lower_and_higher_and_read_back(docker_client,
         assert r.exit_code != 0
     finally:
         sb.remove()
+
+
+def test_an_agent_command_is_looked_up_as_a_file_on_the_path(docker_client):
+    """What the engine's exec runs: a file on the PATH (`true` and `echo` are shell built-ins
+    too: a check through `command -v` refused them by name), or a path."""
+    backend = DockerBackend(docker_client)
+    for ok in ("true", "echo", "python3", "/bin/true", "/usr/bin/env"):
+        assert backend.check_command(SANDBOX_IMAGE, ok, prof()) is None, ok
+    for bad in ("no-such-agent", "cd", "/etc/passwd", "/no/such/file", "etc"):  # cd: a built-in only; a file that is not executable
+        assert "is not an executable file on the PATH" in (backend.check_command(SANDBOX_IMAGE, bad, prof()) or ""), bad

@@ -45,7 +45,7 @@ def export(
 
       harness export last --otlp http://localhost:4318
 
-      harness export r20261129-215428-fabf --otlp https://otel.example.com/v1/traces
+      harness export r20261129-2154 --otlp https://otel.example.com/v1/traces
 
       OTEL_EXPORTER_OTLP_HEADERS='authorization=Bearer ...' harness export last --otlp https://otel.example.com
 

@@ -50,7 +50,7 @@ from harness.report.views import (
     trial_row,
     upstream_lines,
 )
-from harness.model.units import did_you_mean, format_size, one_line, printable_line
+from harness.model.units import did_you_mean, format_size, one_line, plural, printable_line
 from harness.report.artifacts import ARTIFACT_FILES, OPTIONAL_FILES, read_artifacts
 from harness.report.usage import attempt_usage
 
@@ -93,7 +93,7 @@ Examples:
 
   harness trials r20250101-120000-ab12 --verdict discarded
 
-  harness trials last --task duplicate-charge --outcome fail --sort=-throttled_share
+  harness trials last --outcome fail --sort=-throttled_share
 
   harness trials last --csv > trials.csv
 
@@ -577,7 +577,8 @@ def samples(
         else:
             fh.flush()
     if out:
-        err.print(f"wrote {n} samples of {len(attempts)} attempt(s) of {what} to {out}", highlight=False)
+        none = "" if n else " (no samples stored: attempts shorter than one sample interval have none)"
+        err.print(f"wrote {plural(n, 'sample')} from {plural(len(attempts), 'attempt')} of {what} to {out}{none}", highlight=False)
     elif n == 0:
         err.print(f"{what}: no samples stored (attempts shorter than one sample interval have none)", highlight=False)
 

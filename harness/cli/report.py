@@ -140,7 +140,7 @@ def report(
 
       harness report last
 
-      harness report 3f2a --format markdown > comment.md
+      harness report r20261207-1419 --format markdown > comment.md
 
       harness report last --format html --out report.html
 
@@ -215,7 +215,8 @@ def gate(
 ) -> None:
     """Check a run against requirements (exit 1 if one fails).
 
-    Exit 0 if all hold, 1 if one fails.
+    Exit codes: 0 every requirement holds, 1 one does not (or a task has no clean trial, or
+    slots have not run), 2 a usage error (no such run, a k the run did not fix).
 
     METRIC OP VALUE: METRIC is pass@K or pass^K (pass@1 = single-try rate),
     OP one of >= > <= < ==, VALUE in [0, 1]; K may be any k up to the run's trials (the
@@ -241,7 +242,7 @@ def gate(
 
       harness gate last --per-task 'pass^4==1:0.9'
 
-      harness gate last --baseline 3f2a --require 'pass^4>=0.9'
+      harness gate last --baseline r20261207-1419 --require 'pass^4>=0.9'
     """
     from harness.report.build import check_k
     from harness.report.gate import parse_per_task, parse_requirement
@@ -362,11 +363,11 @@ def compare(
 
     Examples:
 
-      harness compare 3f2a last
+      harness compare r20261207-1419 last
 
-      harness compare 3f2a 9c1d --format markdown > compare.md
+      harness compare r20261207-14 r20261208-09 --format markdown > c.md
 
-      harness compare base cand --allow-mismatch --format json
+      harness compare r20261207-1419 last --allow-mismatch --format json
     """
     from harness.report.compare import build_comparison, identity_differences
     from harness.report.render import render_comparison_markdown, render_comparison_table

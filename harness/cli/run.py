@@ -84,27 +84,34 @@ def run(
 
       harness run --suite refunds
 
-      harness run --suite refunds --profile tight --trials 4 --k 1,2,4 --tasks duplicate-charge,partial-line-item
+      harness run --suite refunds --profile tight --tasks duplicate-charge
 
-      harness run --suite ./my-suite --agent-image my/agent:dev --agent-cmd 'python3 /agent/main.py' --json
+      harness run --suite ./mine --agent-image my/agent:dev --agent-cmd /agent/run
 
-      harness run --suite ./harbor-tasks --agent oracle --base-map python:3.13-slim=harness/python:bookworm
+      harness run --suite ./tb --base-map python:3.13-slim=harness/python:bookworm
 
-      harness run --suite refunds --agent llm --secret OPENAI_API_KEY      (a real provider, through the gateway)
+      # a real provider, through the gateway
+      harness run --suite refunds --agent llm --secret OPENAI_API_KEY
 
-      harness run --suite refunds --agent llm --upstream openai=http://host.docker.internal:8089/v1   (a local server)
+      # a local server
+      harness run --suite refunds --agent llm --upstream openai=http://gpu:8089/v1
 
-      harness run --suite refunds --executor ray --ray-address 10.0.0.5:6379   (spread over a cluster's nodes)
+      # spread over a cluster's nodes
+      harness run --suite refunds --executor ray --ray-address 10.0.0.5:6379
 
-      harness run --resume last      (after Ctrl-C or a crash: same seeds, same envelope, missing slots only)
+      # after Ctrl-C or a crash: same seeds, same envelope, missing slots only
+      harness run --resume last
 
-      harness run --resume last --refill-unmeasured   (a busy host left slots unmeasured: rerun just those)
+      # a busy host left slots unmeasured: rerun just those
+      harness run --resume last --refill-unmeasured
 
       harness run --suite refunds --wait-quiet 120 --max-unmeasured 0.05
 
-      harness run --suite refunds --otlp http://localhost:4318   (spans to a collector as it runs; see `harness export`)
+      # spans to a collector as it runs; see `harness export`
+      harness run --suite refunds --otlp http://localhost:4318
 
-      harness run --suite refunds --trials 4 --require 'pass^4>=0.9'   (a release gate in one step: exit 1 when unmet)
+      # a release gate in one step: exit 1 when unmet
+      harness run --suite refunds --trials 4 --require 'pass^4>=0.9'
 
     Exit codes: 0 every slot measured (or within --max-unmeasured), 1 only when a --require
     is unmet (a failing agent is a result, not an error), 2 usage error, 3 infrastructure
@@ -486,9 +493,9 @@ def sweep(
 
       harness sweep --suite refunds --profiles tight,generous --trials 4 --k 1,2,4
 
-      harness sweep --suite refunds --profile tight --headroom 1,1.5,2,3 --trials 4 --k 1,2,4
+      harness sweep --suite refunds --profile tight --headroom 1,1.5,2,3
 
-      harness sweep --suite refunds --profiles tight,generous --agent llm --secret OPENAI_API_KEY
+      harness sweep --suite refunds --profiles tight,generous --agent llm
     """
     from harness.core.sweep import generosity, paired_vs_reference, scale_profile, summarize_profile
     from harness.engine.profiles import load_profile

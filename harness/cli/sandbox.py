@@ -84,7 +84,7 @@ def sandbox_exec(
 
       harness sandbox exec -- python3 -c "print('hi')"
 
-      harness sandbox exec --profile tight --cpuset 1 -- python3 -c "while True: pass"
+      harness sandbox exec -p tight --cpuset 1 -- sh -c 'while :; do :; done'
 
       harness sandbox exec --json --timeout 2 -- sleep 1000
 

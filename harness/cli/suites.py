@@ -75,7 +75,7 @@ def show(
 
       harness suites show refunds
 
-      harness suites show ./harbor-tasks --base-map nvidia/cuda:12.0-base=harness/debian:bookworm
+      harness suites show ./tb --base-map nvidia/cuda:12.0-base=mycuda:local
     """
     from harness.engine.suites import load_suite
 
@@ -190,7 +190,7 @@ def check(
 
       harness suites check ops
 
-      harness suites check ./terminal-bench-tasks --tasks hello-world --base-map ubuntu:24.04=harness/debian:bookworm
+      harness suites check ./tb --base-map ubuntu:24.04=harness/debian:bookworm
     """
     from harness.engine.check import check_suite
     from harness.engine.runner import RunOptions, Runner

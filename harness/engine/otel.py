@@ -36,7 +36,9 @@ import itertools
 import logging
 import os
 import re
+import socket
 import threading
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -585,6 +587,30 @@ def otlp_options(otlp: str, header_items: list[str]) -> tuple[str, dict[str, str
     return url, headers
 
 
+def unreachable(endpoint: str) -> str | None:
+    """Why no TCP connection to the collector can be made, known in milliseconds (a refused
+    port, a host name that does not resolve), where the SDK retries until the whole export
+    timeout has passed (~8 s by default) -- or None: it connects, it is slow to say (the SDK
+    decides within its timeout), or a proxy stands between (the SDK goes through it)."""
+    u = urlsplit(endpoint)
+    host = u.hostname or ""
+    try:
+        port = u.port or (443 if u.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if urllib.request.getproxies() and not urllib.request.proxy_bypass(host):
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=min(3.0, export_timeout())):
+            return None
+    except socket.gaierror:
+        return "host name not resolved"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except OSError as e:  # a timeout (slow, not refused) is the SDK's to judge
+        return None if isinstance(e, TimeoutError) else ("no route to host" if e.errno == 113 else None)
+
+
 def require_otel() -> None:
     """The ``otel`` extra is installed, or a usage error saying how to install it."""
     try:
@@ -711,6 +737,9 @@ def export_run(run: RunRecord, attempts: list[AttemptRecord], endpoint: str, hea
     from opentelemetry.sdk.trace import SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExportResult
 
+    why = unreachable(endpoint)
+    if why:
+        raise InfraError(f"the OTLP collector at {shown_url(endpoint)} did not take the spans of run {run.id} ({why}); {_hint(why)}")
     reasons = _quiet_sdk()
     exporter = _exporter(endpoint, headers or {})
 
@@ -810,6 +839,10 @@ class OtelSink(EventSink):
         processor = BatchSpanProcessor(self._guard, max_queue_size=1 << 16, schedule_delay_millis=1000, max_export_batch_size=BATCH)
         self._emitter = _Emitter(run, processor)
         self._run = run
+        why = unreachable(self.endpoint)
+        if why:  # said now, before the first attempt; nothing is sent, nothing waits on it at the end
+            self._guard.failed = True
+            self._failed(why)
 
     def _failed(self, why: str) -> None:
         run = self._run.id if self._run else "RUN"

@@ -115,7 +115,10 @@ class DockerBackend(SandboxBackend):
                       cpus: list[int] | None = None) -> str | None:
         """Why ``command`` is not an executable on the image's PATH, or None. The probe runs on
         ``cpus`` (the controller's reserved cores), never where trials are measured."""
-        probe = 'p=$(command -v -- "$1") && [ -f "$p" ] && [ -x "$p" ]'
+        # a file on the PATH, as the engine's exec looks it up (no shell: `command -v` would also
+        # answer for a shell built-in such as `true` or `echo`, and by name, not by file)
+        probe = ('case $1 in */*) [ -f "$1" ] && [ -x "$1" ];; *) IFS=:; for d in $PATH; do '
+                 '[ -f "${d:-.}/$1" ] && [ -x "${d:-.}/$1" ] && exit 0; done; exit 1;; esac')
         c = None
         who = user or profile.user
         try:
