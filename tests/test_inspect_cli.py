@@ -124,8 +124,10 @@ def test_sort_rows_empty_last_and_unknown_field():
     rows = [{"a": 2}, {"a": None}, {"a": 1}, {"a": 3}]
     assert [r["a"] for r in sort_rows(rows, "a", ["a"])] == [1, 2, 3, None]
     assert [r["a"] for r in sort_rows(rows, "-a", ["a"])] == [3, 2, 1, None]
-    with pytest.raises(ValueError, match="valid fields: a, b"):
+    with pytest.raises(ValueError, match="no such field; the fields: `harness trials --fields`"):
         sort_rows(rows, "zz", ["a", "b"])
+    with pytest.raises(ValueError, match=r"no such field \(did you mean 'wall_s'\?\)"):
+        sort_rows(rows, "-wal_s", ["a", "wall_s"])
 
 
 def test_series_and_sparkline():
@@ -256,6 +258,32 @@ def test_a_report_to_a_pipe_is_as_wide_as_columns_says(tmp_path):
         assert max(map(len, r.stdout.splitlines())) <= widest and max(map(len, r.stdout.splitlines())) > 60, cols
 
 
+def test_runs_at_80_columns_shows_whole_cells_and_says_what_it_left_out(tmp_path):
+    # every column after run and created used to be squeezed to one letter and an ellipsis
+    db = _many_attempts(tmp_path, 3)
+    env = {**os.environ, "HARNESS_HOME": str(tmp_path / "home"), "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "harness", "runs", "--db", db], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and "r-many" in r.stdout and "left out for width:" in r.stdout, r.stdout
+    assert max(map(len, r.stdout.splitlines())) <= 80
+    wide = subprocess.run([sys.executable, "-m", "harness", "runs", "--db", db], capture_output=True, text=True, env={**env, "COLUMNS": "200"})
+    assert "identity" in wide.stdout and "left out" not in wide.stdout, wide.stdout
+
+
+def test_the_end_of_run_table_at_80_columns_keeps_whole_cells(tmp_path):
+    # k = 1,2,4,8 made eleven columns squeezed into 80: task ids and failure kinds were cut
+    # ("pay-ca…", "crash…"); what does not fit is left out, and said
+    code = ("import sys\nfrom harness.store.store import Store\nfrom harness.core.aggregate import summarize\n"
+            "from harness.cli.run import print_summary\nst = Store.open(sys.argv[1], mode='ro')\nr = st.get_run('r-many')\n"
+            "r = r.model_copy(update={'ks': [1, 2, 4, 8], 'task_ids': ['append']})\nprint_summary(summarize(r, st.attempts(r.id)))")
+    db = _many_attempts(tmp_path, 8)
+    env = {**os.environ, "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-c", code, db], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and "wrong_state 3" in r.stdout and "pass^8" in r.stdout and "run r-many" in r.stdout, r.stdout
+    assert "left out for width: " in r.stdout and max(map(len, r.stdout.splitlines())) <= 80, r.stdout
+
+
 # ----------------------------------------------------------------------------- real runs
 
 
@@ -375,7 +403,9 @@ def test_trials_filters_and_sort(runs):
     rows = ids("last", "--sort", "task")  # `last` is the noisy run
     assert {i for i, *_ in rows} == {a.id for a in runs.store.attempts(runs.noisy)}
     r = invoke("trials", runs.clean, "--sort", "bogus", "--db", runs.db)
-    assert r.exit_code == 2 and "valid fields: id, run_id, task" in r.stderr
+    assert r.exit_code == 2 and "no such field; the fields: `harness trials --fields`" in r.stderr, r.stderr
+    r = invoke("trials", runs.clean, "--sort=-wall", "--db", runs.db)  # a close name: that one, not all sixty
+    assert r.exit_code == 2 and "(did you mean 'wall_s'?)" in r.stderr and "run_id" not in r.stderr, r.stderr
     r = invoke("trials", runs.clean, "--task", "nope", "--db", runs.db)
     assert r.exit_code == 2 and "has no task nope" in r.stderr
 

@@ -337,31 +337,36 @@ def _parse_ks(text: str) -> list[int]:
 
 def print_summary(s: dict[str, Any]) -> None:
     """The per-task ✓/✗ rows and the suite metrics, worst tasks first."""
+    from harness.report.views import fitted_table
+
     ks = [k for k in s["ks"]]
-    t = Table(title=f"{s['suite']} · profile {s['profile']} · {plural(s['trials'], 'trial')} · run {s['run_id']}")
-    t.add_column("task")
-    t.add_column("trials", no_wrap=True)
-    t.add_column("c/n", justify="right")
-    t.add_column("pass@1", justify="right")
-    for k in ks:
-        if k > 1:
-            t.add_column(f"pass@{k}", justify="right")
-    for k in ks:
-        if k > 1:
-            t.add_column(f"pass^{k}", justify="right")
-    t.add_column("failures")
+    big = [k for k in ks if k > 1]
     rows = sorted(s["tasks"], key=lambda x: (x["metrics"].get("pass@1") if x["metrics"].get("pass@1") is not None else -1, x["task"]))
+    cols: dict[str, tuple[str, list[Text]]] = {name: ("right" if name.startswith(("c/", "pass")) else "left", [])
+                                               for name in ["task", "trials", "c/n", "pass@1", *(f"pass@{k}" for k in big),
+                                                            *(f"pass^{k}" for k in big), "failures"]}
     for x in rows:
-        marks = x["marks"].replace("✓", "[green]✓[/]").replace("✗", "[red]✗[/]")
         fk = ", ".join(f"{k} {v}" for k, v in sorted(x["failure_kinds"].items()))
         if x["unmeasured"]:
             fk = (fk + "; " if fk else "") + f"{len(x['unmeasured'])} unmeasured"
-        cells = [x["task"], marks, f"{x['c']}/{x['n']}", _fmt(x["metrics"].get("pass@1"))]
-        cells += [_fmt(x["metrics"].get(f"pass@{k}")) for k in ks if k > 1]
-        cells += [_fmt(x["metrics"].get(f"pass^{k}")) for k in ks if k > 1]
-        cells.append(fk)
-        t.add_row(*cells)
+        marks = Text()
+        for m in x["marks"]:
+            marks.append(m, style="green" if m == "✓" else "red" if m == "✗" else "")
+        cells = {"task": x["task"], "trials": marks, "c/n": f"{x['c']}/{x['n']}", "failures": fk,
+                 **{f"pass{sym}{k}": _fmt(x["metrics"].get(f"pass{sym}{k}")) for sym in "@^" for k in ks}}
+        for name, (_, col) in cols.items():
+            v = cells[name]
+            col.append(v if isinstance(v, Text) else Text(v))
+    # at 80 columns: the task, its trials, pass@1, what failed and the reliability at the
+    # largest k first; the suite line below has every figure whatever is left out
+    priority = ["task", "trials", "pass@1", *(f"pass^{k}" for k in big[-1:]), "failures", "c/n",
+                *(f"pass^{k}" for k in big[:-1]), *(f"pass@{k}" for k in big)]
+    title = f"{s['suite']} · profile {s['profile']} · {plural(s['trials'], 'trial')} · run {s['run_id']}"
+    t, hidden = fitted_table(cols, priority, len(rows), "", console.width)
+    console.print(title, highlight=False)  # on its own line: a title over a narrow table would break the run id
     console.print(t)
+    if hidden:
+        console.print(f"[dim]left out for width: {', '.join(hidden)} (widen the terminal, or `harness report {s['run_id']}`)[/]")
     m = s["metrics"]
     out = s.get("excluded") or {}
     n_tasks = len(s["tasks"])
@@ -442,22 +447,27 @@ def runs(
     if not out:
         console.print("no runs yet; start one with `harness run --suite refunds`")
         return
-    t = Table(title="runs (newest first)")
-    for c in ("run", "created", "status", "suite", "profile", "tasks×n", "pass@1", "attempts (discarded)", "identity"):
-        t.add_column(c, no_wrap=c in ("run", "created"))  # a run id is what you copy: never cut or wrapped
-    for o in out:
-        t.add_row(
-            o["run_id"],
-            o["created_at"].replace("T", " "),
-            o["status"],
-            o["suite"],
-            o["profile"],
-            f"{o['tasks']}×{o['trials']}",
-            _fmt(o["metrics"].get("pass@1")),
-            f"{o['attempts']['total']} ({o['attempts']['discarded']})",
-            f"{o['identity']['identity_hash']} cg{o['identity']['cgroup_version']}",
-        )
+    from harness.report.views import fitted_table
+
+    cells = {
+        "run": [o["run_id"] for o in out],  # what you copy: never cut or wrapped (no column is)
+        "created": [o["created_at"].replace("T", " ") for o in out],
+        "status": [o["status"] for o in out],
+        "suite": [o["suite"] for o in out],
+        "profile": [o["profile"] for o in out],
+        "tasks×n": [f"{o['tasks']}×{o['trials']}" for o in out],
+        "pass@1": [_fmt(o["metrics"].get("pass@1")) for o in out],
+        "attempts (discarded)": [f"{o['attempts']['total']} ({o['attempts']['discarded']})" for o in out],
+        "identity": [f"{o['identity']['identity_hash']} cg{o['identity']['cgroup_version']}" for o in out],
+    }
+    right = {"tasks×n", "pass@1", "attempts (discarded)"}
+    cols = {name: ("right" if name in right else "left", [Text(v) for v in vals]) for name, vals in cells.items()}
+    # at 80 columns what tells runs apart comes first; the rest when the terminal is wider
+    priority = ["run", "created", "suite", "pass@1", "status", "attempts (discarded)", "tasks×n", "profile", "identity"]
+    t, hidden = fitted_table(cols, priority, len(out), "runs (newest first)", console.width)
     console.print(t)
+    if hidden:
+        console.print(f"[dim]left out for width: {', '.join(hidden)} (widen the terminal, or --json)[/]")
 
 
 def sweep(

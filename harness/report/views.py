@@ -20,8 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.core.envelope import node_name
-from harness.model.units import printable
-from harness.model.units import format_size
+from harness.model.units import did_you_mean, format_size, printable
 from harness.report.usage import CALL_ERROR_KIND, attempt_usage, call_cost_of, cost_text, errors_text, tokens_text
 
 # ----------------------------------------------------------------------------- field docs
@@ -277,7 +276,8 @@ def sort_rows(rows: list[dict[str, Any]], spec: str, fields: Iterable[str]) -> l
     name = spec.lstrip("-+")
     valid = list(fields)
     if name not in valid:
-        raise ValueError(f"--sort {spec!r}: no such field; valid fields: {', '.join(valid)}")
+        meant = did_you_mean(name, valid)
+        raise ValueError(f"--sort {spec!r}: no such field{meant}" + ("" if meant else "; the fields: `harness trials --fields`"))
 
     def key(r: dict[str, Any]) -> Any:
         v = r.get(name)
@@ -385,6 +385,15 @@ def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str, width: 
         col("host psi cpu/mem/io", "right", host)
         col("steal", "right", _style(pct(r["steal_share"]), "steal" in sat))
 
+    return fitted_table(cols, priority, len(rows), title, width)
+
+
+def fitted_table(cols: dict[str, tuple[str, list[Text]]], priority: list[str], n_rows: int, title: str,
+                 width: int | None) -> tuple[Table, list[str]]:
+    """A table of ``cols`` (name -> (justify, a cell per row)), in their own order, with the
+    columns that fit in ``width`` whole (never cut or wrapped), taken in ``priority`` order;
+    returns (table, names left out)."""
+
     def need(name: str) -> int:
         cells = cols[name][1] if name in cols else []
         longest = max([len(name)] + [len(line) for c in cells for line in c.plain.splitlines() or [""]])
@@ -403,7 +412,7 @@ def trials_table(rows: list[dict[str, Any]], th: Thresholds, title: str, width: 
     t = Table(title=title, title_justify="left", pad_edge=True)
     for name in order:
         t.add_column(name, justify=cols[name][0] if name in cols else "left", no_wrap=True)
-    for i in range(len(rows)):
+    for i in range(n_rows):
         t.add_row(*[cols[name][1][i] for name in order])
     return t, hidden
 
