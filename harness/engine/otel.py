@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import calendar
 import datetime as dt
+import errno
 import hashlib
 import itertools
 import logging
@@ -608,7 +609,7 @@ def unreachable(endpoint: str) -> str | None:
     except ConnectionRefusedError:
         return "connection refused"
     except OSError as e:  # a timeout (slow, not refused) is the SDK's to judge
-        return None if isinstance(e, TimeoutError) else ("no route to host" if e.errno == 113 else None)
+        return "no route to host" if e.errno == errno.EHOSTUNREACH else None
 
 
 def require_otel() -> None:

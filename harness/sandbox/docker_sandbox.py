@@ -18,6 +18,7 @@ path it can write, nor the Docker socket.
 from __future__ import annotations
 
 import atexit
+import functools
 import io
 import json
 import os
@@ -118,9 +119,10 @@ def _is_running(pid: int) -> bool:
 CAP_SYS_RESOURCE = 24
 
 
+@functools.lru_cache(maxsize=1)
 def can_spare_from_oom_killer() -> bool:
     """Whether this process may lower another's oom_score_adj (CAP_SYS_RESOURCE in effect:
-    root on a host, not root in a container that dropped it)."""
+    root on a host, not root in a container that dropped it). Read once: every sandbox start asks."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("CapEff:"):
