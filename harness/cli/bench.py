@@ -532,15 +532,21 @@ def bench_report_scale(tasks: int = 12_500, trials: int = 8, repeats: int = 5) -
         # the columns it reads fetched by raw sqlite3: where the time goes, and what no reader
         # of these rows in Python avoids
         phases = ("import time; T = time.perf_counter; t0 = T()\nimport harness.cli.commands\n"
-                  "from harness.cli.report import _load, _store\nfrom harness.report.build import build_report\n"
+                  "from harness.cli.report import _lean_sqlite\nfrom harness.report.build import build_report\n"
                   "from harness.model.units import collector_paused\nt1 = T()\n"
-                  f"store = _store({f'sqlite:///{db}'!r}); run, attempts = _load(store, {run_id!r}, lean=True); t2 = T()\n"
-                  "with collector_paused(freeze=True):\n    rep = build_report(run, attempts, late=len(store.late_attempts(run.id)))\nt3 = T()\n"
+                  f"run, attempts, late = _lean_sqlite({f'sqlite:///{db}'!r}, {run_id!r}); t2 = T()\n"
+                  "with collector_paused(freeze=True):\n    rep = build_report(run, attempts, late=late)\nt3 = T()\n"
                   "type(rep).__pydantic_serializer__.to_json(rep, by_alias=True, indent=2); t4 = T()\n"
                   "print(t1 - t0, t2 - t1, t3 - t2, t4 - t3)")
+        # its load through the store instead (SQLAlchemy, imported on the way: what the report
+        # read without it saves; the store answers whenever that read cannot)
+        via_store = ("import time; T = time.perf_counter\nimport harness.cli.commands\n"
+                     "from harness.cli.report import _load, _store\nfrom harness.model.units import collector_paused\nt1 = T()\n"
+                     f"store = _store({f'sqlite:///{db}'!r}); run, attempts = _load(store, {run_id!r}, lean=True)\n"
+                     "late = len(store.late_attempts(run.id)); print(T() - t1)")
         # its two queries: the columns of the report index, and the rules of discarded attempts
         cols = ", ".join(("id", *(f for f in REPORT_FIELDS if f != "rules")))
-        h, b, ph, fetch = [], [], [], []
+        h, b, ph, fetch, store_load = [], [], [], [], []
         busy = settle()  # the engine's removal of the run's containers, page cache writeback
         for _ in range(repeats):
             (root / "r.json").unlink(missing_ok=True)
@@ -552,6 +558,10 @@ def bench_report_scale(tasks: int = 12_500, trials: int = 8, repeats: int = 5) -
             if p.returncode != 0:
                 raise RuntimeError(p.stderr[-500:])
             ph.append([float(x) for x in p.stdout.split()])
+            p = subprocess.run([sys.executable, "-c", via_store], capture_output=True, text=True, env=env, cwd=root)
+            if p.returncode != 0:
+                raise RuntimeError(p.stderr[-500:])
+            store_load.append(float(p.stdout.strip()))
             t0 = time.perf_counter()
             con.execute("select * from attempts where run_id = ?", (run_id,)).fetchall()
             b.append(time.perf_counter() - t0)
@@ -568,6 +578,8 @@ def bench_report_scale(tasks: int = 12_500, trials: int = 8, repeats: int = 5) -
         "phases_s": ", ".join(f"{nm} {_spread([x[i] for x in ph], '{:.2f}')}" for i, nm in enumerate(names)),
         "phase_shares": ", ".join(f"{nm} {m / sum(med):.0%}" for nm, m in zip(names, med)),
         "raw_fetch_of_its_columns_s": _spread(fetch, "{:.2f}") + "  (raw sqlite3, the load's two queries: the floor of its load)",
+        "load_through_the_store_s": _spread(store_load, "{:.2f}") + "  (SQLAlchemy, imported on the way: what a report on PostgreSQL "
+                                                                   "or an older SQLite schema pays)",
         "baseline_s": _spread(b, "{:.2f}"),
         "baseline": "raw sqlite3 SELECT * of the same run's attempt rows",
         "ratio": round(statistics.median(h) / statistics.median(b), 2),

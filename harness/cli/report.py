@@ -54,6 +54,15 @@ def _store(db: str | None) -> Any:
     return Store.open(db, mode="ro")
 
 
+def _lean_sqlite(db: str | None, run_ref: str) -> tuple[RunRecord, Sequence[AttemptRecord], int] | None:
+    """A report's read of a SQLite store without SQLAlchemy (``harness.store.fastread``): the
+    run, its attempts' report fields and its late records; None when the store must answer."""
+    from harness.store.fastread import report_read
+
+    with collector_paused(freeze=True):  # as _load: what is loaded lives until exit
+        return report_read(db, run_ref)
+
+
 def _load(store: Any, run_ref: str, lean: bool = False) -> tuple[RunRecord, Sequence[AttemptRecord]]:
     """The run (id, unique prefix or `last`) and its attempts; unknown run -> exit 2. ``lean``:
     only the fields a report reads (REPORT_FIELDS), as an AttemptTable of columns, for every
@@ -157,14 +166,20 @@ def report(
     if fmt is ReportFormat.html and out is None and sys.stdout.isatty():  # a 2 MB page is not for a terminal
         die("--format html writes a self-contained page of a few MB: give --out report.html (or pipe it: > report.html)")
     table = load_prices(prices)
-    store = _store(db)
-    row, attempts = _load(store, run, lean=fmt is not ReportFormat.html)
+    store: Any = None
+    got = _lean_sqlite(db, run) if fmt is not ReportFormat.html else None
+    if got is not None:
+        row, attempts, late = got
+    else:
+        store = _store(db)
+        row, attempts = _load(store, run, lean=fmt is not ReportFormat.html)
+        late = len(store.late_attempts(row.id))
     if k is not None:
         problem = check_k(row, k)
         if problem:
             die(f"--k {k}: {problem}")
     with collector_paused(freeze=True):  # the report lives until exit, as the attempts do
-        report_ = build_report(row, attempts, k=k, prices=table, late=len(store.late_attempts(row.id)))
+        report_ = build_report(row, attempts, k=k, prices=table, late=late)
     if fmt is ReportFormat.json:  # serialized by pydantic-core (the values of data(); small floats may print as 0.00008)
         _emit(type(report_).__pydantic_serializer__.to_json(report_, by_alias=True, indent=2), out)  # model_dump_json, as bytes
         if out is not None:

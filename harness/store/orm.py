@@ -5,15 +5,14 @@ columns a database has."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from harness.model.units import utcnow
+from harness.store.records import REPORT_INDEX_COLS
 
-# the columns of the attempts' report index (ix_attempts_report): store.REPORT_FIELDS but rules
-REPORT_INDEX_COLS = ("task_id", "slot", "attempt_no", "verdict", "reasons", "outcome", "failure_kind", "grade_reason", "error",
-                     "wall_s", "agent_wall_s", "upstream", "model_calls", "node")
 
 
 class Base(DeclarativeBase):
@@ -145,10 +144,18 @@ class AttemptRow(Base):
         # for discarded attempts only), so a report is answered from this index: an attempt row
         # is ~5 KB of evidence on overflow pages, and reading its last columns from the table
         # read all of them (0.85 s for 10^5 attempts, 0.26 s from here). PostgreSQL has no
-        # btree order for json: the same columns ride along as INCLUDE there.
+        # btree order for json: the same columns ride along as INCLUDE there (pg_report_index).
         Index("ix_attempts_report", "run_id", "id", *REPORT_INDEX_COLS).ddl_if(dialect="sqlite"),
-        Index("ix_attempts_report_pg", "run_id", "id", postgresql_include=list(REPORT_INDEX_COLS)).ddl_if(dialect="postgresql"),
     )
+
+
+@functools.lru_cache(maxsize=1)
+def pg_report_index() -> Index:
+    """PostgreSQL's report index, added to the attempts table when a PostgreSQL store is first
+    opened: declared with the table, its dialect option would load SQLAlchemy's PostgreSQL
+    dialect in every command that touches a store (17 ms), SQLite ones included."""
+    t = AttemptRow.__table__
+    return Index("ix_attempts_report_pg", t.c.run_id, t.c.id, postgresql_include=list(REPORT_INDEX_COLS)).ddl_if(dialect="postgresql")
 
 
 class ClaimRow(Base):

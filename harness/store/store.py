@@ -14,86 +14,34 @@ read-only, and only the columns the database has are selected.
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import functools
 import json
-import math
-import os
-import typing
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
-from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text, case, cast, create_engine, delete, event, func, inspect, or_, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from harness.model.attempt import FAILURE_KINDS, AttemptRecord
+from harness.model.attempt import AttemptRecord
 from harness.model.counters import Sample
 from harness.model.errors import StoreError, StoreLost
-from harness.model.gateway import ModelCall, UpstreamSummary
-from harness.model.run import MAX_SLOTS, RunRecord
-from harness.model.sla import RuleResult
+from harness.model.run import RunRecord
 from harness.model.table import AttemptTable
 from harness.model.units import collector_paused, one_line, utcnow
-from harness.store.orm import REPORT_INDEX_COLS, AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow
+from harness.store.orm import AttemptRow, Base, ClaimRow, LateRow, RunRow, SampleRow, pg_report_index
+from harness.store.records import (DICTS, ENUMS, LISTS, REPORT_FIELDS, RUN_DICTS, RUN_LISTS, attempt_record, checked, damaged, lean_columns,
+                                   lean_type, run_record, validated, wrong)
+from harness.store.urls import default_url, harness_home, is_default_store, missing_database, sqlite_path, url_hint
 
-DEFAULT_HOME = ".harness"
 SCHEMA_VERSION = 2
 Mode = Literal["rw", "ro"]
-# what a report (table, json, markdown, junit, gate) reads of each attempt; the HTML page's
-# figures and failure review read whole records
-REPORT_FIELDS = (*REPORT_INDEX_COLS[:5], "rules", *REPORT_INDEX_COLS[5:])  # rules: of discarded attempts only
+__all__ = ["REPORT_FIELDS", "Store", "StoreError", "StoreLost", "default_url", "harness_home", "is_default_store", "lean_type",
+           "missing_database", "url_hint"]
 _SAMPLE_COLS = ("t", "cpu_usage_us", "throttled_us", "nr_throttled", "memory_current", "pids_current", "foreign_cpu_us", "host_mem_available")
-
-
-def harness_home() -> Path:
-    """Project-local folder for the default database, run artifacts and input folders (HARNESS_HOME)."""
-    return Path(os.environ.get("HARNESS_HOME", DEFAULT_HOME))
-
-
-def default_url() -> str:
-    return os.environ.get("HARNESS_DB") or f"sqlite:///{harness_home() / 'harness.db'}"
-
-
-def missing_database(url: str | None) -> Path | None:
-    """The SQLite file ``url`` (default: the configured store) names, when it does not exist yet."""
-    path = _sqlite_path(url or default_url())
-    return path if path is not None and not path.exists() else None
-
-
-def is_default_store(path: Path) -> bool:
-    """Whether ``path`` is the default store's file (HARNESS_HOME/harness.db). Before the first
-    run it does not exist, and reading it finds nothing; a database named anywhere else (--db,
-    HARNESS_DB) that does not exist is a mistyped path."""
-    return path.absolute() == (harness_home() / "harness.db").absolute()
-
-
-def url_hint(url: str) -> str:
-    """What a mistyped database URL most likely meant, as '; ...' ('' when nothing stands out)."""
-    path = _sqlite_path(url)
-    if path is not None and not path.is_absolute():
-        return (f"; sqlite:/// with three slashes names a path relative to the working directory ({Path.cwd() / path}); "
-                f"an absolute path takes four: sqlite:////{path}")
-    if "://" not in url:
-        return f"; a database URL names its kind first: sqlite:///{url} for a SQLite file, postgresql+psycopg://USER@HOST/DB for PostgreSQL"
-    return ""
-
-
-def _sqlite_path(url: str) -> Path | None:
-    if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
-        path, _, query = url.removeprefix("sqlite:///").partition("?")
-        if path.startswith("file:") and "uri=true" in query:  # an SQLite URI: file:/abs, file:rel, file:///abs
-            path = path.removeprefix("file:")
-            if path.startswith(":memory:") or "mode=memory" in query:
-                return None
-            if path.startswith("///"):
-                path = path[2:]
-        return Path(path)
-    return None
 
 
 def _pragmas(write: bool):
@@ -130,7 +78,7 @@ class Store:
     @classmethod
     def open(cls, url: str | None = None, mode: Mode = "rw") -> "Store":
         url = url or default_url()
-        path = _sqlite_path(url)
+        path = sqlite_path(url)
         engine_url = url
         if path is not None:
             if path.is_dir():
@@ -154,6 +102,8 @@ class Store:
             raise StoreError(f"cannot use database URL {url!r}: {e}{url_hint(url)}") from None
         if engine.dialect.name == "sqlite":
             event.listen(engine, "connect", _pragmas(mode == "rw"))
+        elif engine.dialect.name == "postgresql":
+            pg_report_index()
         try:
             if mode == "rw":
                 Base.metadata.create_all(engine)
@@ -237,15 +187,15 @@ class Store:
             yield
         except OperationalError as e:
             if _UNDECODABLE in str(e.orig):
-                raise StoreError(_damaged(self.url, _undecodable(str(e.orig)))) from None
+                raise StoreError(damaged(self.url, _undecodable(str(e.orig)))) from None
             raise err(_explain(self.url, e)) from None
         except RecursionError:  # JSON nested deeper than any record harness writes
-            raise StoreError(_damaged(self.url, "a stored JSON value is nested too deeply")) from None
+            raise StoreError(damaged(self.url, "a stored JSON value is nested too deeply")) from None
         except (ValueError, TypeError) as e:  # a value the column's type cannot decode (JSON, a date)
-            raise StoreError(_damaged(self.url, f"a stored value cannot be decoded ({type(e).__name__})")) from None
+            raise StoreError(damaged(self.url, f"a stored value cannot be decoded ({type(e).__name__})")) from None
         except self.engine.dialect.loaded_dbapi.Error as e:  # the driver's own, from the cursor's tuples
             if _UNDECODABLE in str(e):
-                raise StoreError(_damaged(self.url, _undecodable(str(e)))) from None
+                raise StoreError(damaged(self.url, _undecodable(str(e)))) from None
             raise err(f"database {self.url}: {type(e).__name__}: {one_line(str(e).splitlines()[0] if str(e) else '', 200)}") from None
         except SQLAlchemyError as e:
             raise err(f"database {self.url} cannot be read ({str(getattr(e, 'orig', e)).splitlines()[0]}); "
@@ -341,7 +291,7 @@ class Store:
 
     # -- reads -----------------------------------------------------------------
     def _run_records(self, stmt: Any) -> list[RunRecord]:
-        return [_run_record(_checked(r, self.url, RunRow), self.url) for r in self._read(stmt)]
+        return [run_record(_checked(r, self.url, RunRow), self.url) for r in self._read(stmt)]
 
     def get_run(self, ref: str) -> RunRecord:
         """A run by id, unique id prefix, or ``last``."""
@@ -393,7 +343,7 @@ class Store:
         not read is an AttributeError, never a default."""
         if fields is None:
             rows = self._read(self._select(AttemptRow).where(AttemptRow.run_id == run_id).order_by(AttemptRow.id))
-            return [_attempt_record(_checked(r, self.url), self.url) for r in rows]
+            return [attempt_record(_checked(r, self.url), self.url) for r in rows]
         return self._lean_attempts(run_id, list(fields))
 
     def _lean_attempts(self, run_id: str, fields: list[str]) -> AttemptTable:
@@ -423,13 +373,13 @@ class Store:
             c = table.c[name]
             vals: list[Any] = []
             if isinstance(c.type, JSON):
-                empty = [] if name in _LISTS else {} if name in _DICTS else None
+                empty = [] if name in LISTS else {} if name in DICTS else None
                 decoded.append((len(names), empty))
                 c = cast(c, Text)  # text on every backend (psycopg would decode json itself)
                 if first:
                     vals = list(dict.fromkeys(v for v in (first.get(name), json.dumps(empty)) if v is not None))
-            elif name in _ENUMS and sqlite:
-                vals = [v for v in _ENUMS[name] if v is not None]
+            elif name in ENUMS and sqlite:
+                vals = [v for v in ENUMS[name] if v is not None]
             if vals:  # anything else comes back as text (an integer stored there too: never taken for a code)
                 coded[len(names)] = vals
                 c = case(*((c == v, i) for i, v in enumerate(vals)), else_=cast(c, Text))
@@ -451,79 +401,9 @@ class Store:
     def _lean_rows(self, stmt: Any, names: list[str], decoded: list[tuple[int, Any]], absent: list[tuple[str, Any]],
                    rules: Any = None, coded: dict[int, list[Any]] | None = None) -> AttemptTable:
         rows = self._read(stmt, tuples=True)
-        # tuple.__new__ straight from C (namedtuple's _make is a Python frame per row)
-        make = functools.partial(tuple.__new__, lean_type(tuple(names + [n for n, _ in absent])))
-        if not rows:
-            return AttemptTable({n: [] for n in [*names, *(n for n, _ in absent)]}, make)
-        coded = coded or {}
-        # column by column (C-level map/set over 10^5 values, not a Python loop per row): each
-        # column checked to hold what harness writes, each distinct JSON text decoded once
-        cols_: list[Any] = list(zip(*rows))  # a tuple per column (not copied to a list: it is only read)
-        if rules is not None:  # the last of names: by id; None (an empty list) for a clean attempt
-            # a run with no discarded attempt (the common case) asks for none
-            iv = names.index("verdict") if "verdict" in names else None
-            clean = None if iv is None else coded[iv].index("clean") if iv in coded else "clean"
-            by_id = {} if iv is not None and set(cols_[iv]) <= {clean} else dict(self._read(rules, tuples=True))
-            cols_.append(list(map(by_id.get, cols_[0])) if by_id else [None] * len(rows))
-        kinds = _kinds(AttemptRow)
-        json_at = dict(decoded)
-        for i, name in enumerate(names):
-            col = cols_[i]
-            if i in json_at:
-                empty = json_at[i]
-                memo: dict[Any, Any] = {None: empty}
-                vals = coded.get(i, ())
-                for v in set(col) - {None}:
-                    try:
-                        got = json.loads(vals[v] if type(v) is int else v)
-                    except (ValueError, RecursionError):  # RecursionError: nested deeper than any record
-                        raise StoreError(_damaged(self.url, f"attempt {cols_[0][col.index(v)]}: column {name} is not JSON")) from None
-                    if got is None:  # JSON null: what whole records make of it
-                        got = empty
-                    elif empty is not None and not isinstance(got, type(empty)):
-                        _wrong(self.url, cols_[0][col.index(v)], name, got)
-                    try:  # what it holds, too (each distinct text once)
-                        _adapter(name).validate_python(got)
-                    except ValidationError as e:
-                        first = e.errors(include_input=False, include_url=False)[0]
-                        loc = ".".join(str(x) for x in first.get("loc", ()))
-                        raise StoreError(_damaged(self.url, f"attempt {cols_[0][col.index(v)]}: column {name}"
-                                                            f"{'[' + one_line(loc, 60) + ']' if loc else ''}: {one_line(first.get('msg', ''), 120)}")) from None
-                    memo[v] = got
-                cols_[i] = list(map(memo.__getitem__, col))
-                continue
-            if name in _ENUMS:  # its vocabulary, so its type too
-                vals = coded.get(i)
-                allowed = {*range(len(vals)), *(v for v in _ENUMS[name] if v is None)} if vals else set(_ENUMS[name])
-                bad = set(col) - allowed
-                if bad:
-                    v = next(iter(bad))
-                    _wrong(self.url, cols_[0][col.index(v)], name, v, show=True)
-                if vals:
-                    cols_[i] = list(map({**dict(enumerate(vals)), None: None}.__getitem__, col)) if None in allowed \
-                        else list(map(vals.__getitem__, col))
-                continue
-            ok = kinds.get(name)
-            if ok is not None and name != "id":  # the rowid is an integer whatever was written
-                bad_types = set(map(type, col)) - {type(None)}
-                for t in bad_types:
-                    if not issubclass(t, ok):  # SQLite keeps whatever was written into a column
-                        v = next(x for x in col if type(x) is t)
-                        _wrong(self.url, cols_[0][col.index(v)], name, v)
-            if not _nullable(AttemptRow, name) and None in col:  # scans in C, as min() below
-                _wrong(self.url, cols_[0][col.index(None)], name, None)
-            low = _FLOORS.get(name)
-            if low is not None and min(col) < low:
-                v = next(x for x in col if x < low)
-                _wrong(self.url, cols_[0][col.index(v)], name, v)
-            if ok == (int, float):  # an infinity SQLite keeps and harness never writes (scans in C)
-                for v in (math.inf, -math.inf):
-                    if v in col:
-                        _wrong(self.url, cols_[0][col.index(v)], name, v)
-        columns = dict(zip(names, cols_))
-        for name, v in absent:
-            columns[name] = [v] * len(rows)
-        return AttemptTable(columns, make)
+        return lean_columns(rows, names, decoded, absent, coded, None if rules is None else lambda: self._read(rules, tuples=True),
+                            _kinds(AttemptRow), functools.partial(_nullable, AttemptRow), self.url)
+
 
     def last_attempt_id(self, run_id: str) -> int:
         """The newest attempt of a run (the highest id: ids grow as attempts are stored)."""
@@ -536,12 +416,12 @@ class Store:
         rows = self._read(self._select(AttemptRow).where(AttemptRow.id == attempt_id))
         if not rows:
             raise StoreError(f"attempt {attempt_id}: no such attempt; list them with `harness trials RUN`")
-        return _attempt_record(_checked(rows[0], self.url), self.url)
+        return attempt_record(_checked(rows[0], self.url), self.url)
 
     def samples(self, attempt_id: int) -> list[Sample]:
         rows = self._read(select(*[SampleRow.__table__.c[c] for c in _SAMPLE_COLS])
                           .where(SampleRow.attempt_id == attempt_id).order_by(SampleRow.t))
-        return [_validated(Sample, r, self.url, f"a sample of attempt {attempt_id}") for r in rows]
+        return [validated(Sample, r, self.url, f"a sample of attempt {attempt_id}") for r in rows]
 
     def iter_samples(self, attempt_id: int | None = None, run_id: str | None = None) -> Iterator[dict[str, Any]]:
         """Samples of one attempt or of every attempt of a run, with the attempt's identity,
@@ -560,7 +440,7 @@ class Store:
                     for name, v in row.items():  # as every reader: what harness never writes is refused
                         ok = kinds.get(name)
                         if v is not None and ok is not None and not isinstance(v, ok):
-                            _wrong(self.url, row.get("attempt_id"), name, v)
+                            wrong(self.url, row.get("attempt_id"), name, v)
                     yield row
 
     def counts(self, ids: list[str]) -> dict[str, tuple[int, int]]:
@@ -571,37 +451,6 @@ class Store:
                 select(AttemptRow.run_id, func.count(SampleRow.id)).join(SampleRow, SampleRow.attempt_id == AttemptRow.id)
                 .where(AttemptRow.run_id.in_(ids)).group_by(AttemptRow.run_id)).all())
         return {i: (na.get(i, 0), ns.get(i, 0)) for i in ids}
-
-
-_LISTS = ("reasons", "rules", "grade_checks", "envelope_notes", "model_calls", "egress", "phases")
-_DICTS = ("state_diff", "envelope", "envelope_applied", "counters", "host_counters", "grade_envelope", "rewards",
-          "requested_envelope", "services", "upstream", "egress_summary", "node")
-
-
-_RUN_LISTS = ("agent_cmd", "ks", "task_ids", "secrets")
-_RUN_DICTS = ("profile_json", "host", "images", "substitutions", "task_bases", "adjustments", "excluded", "agent_env", "upstreams", "refills")
-# values a column may hold besides its type's (a record's Literal fields)
-_ENUMS = {"verdict": ("clean", "discarded"), "outcome": ("pass", "fail", None), "failure_kind": (None, *FAILURE_KINDS)}
-# whole numbers with a floor (a negative slot would index a task's slots from the end)
-_FLOORS = {"slot": 0, "attempt_no": 1, "wall_s": 0}
-
-
-# JSON columns whose items have a record type of their own, checked at read as that type (the
-# record keeps them as dicts): a report sums a call's tokens and a summary's counts, groups
-# discards by a rule's scope, an export turns a call's times into spans
-_ITEMS: dict[str, Any] = {"model_calls": list[ModelCall], "rules": list[RuleResult], "upstream": UpstreamSummary}
-
-
-@functools.lru_cache(maxsize=64)
-def _adapter(field: str) -> TypeAdapter:
-    """Validates what an attempt's JSON column holds (its AttemptRecord field's type, or its
-    items' record type)."""
-    return TypeAdapter(_ITEMS.get(field) or AttemptRecord.model_fields[field].annotation)
-
-
-# what a run's profile holds as numbers (a store changed outside harness may hold anything)
-_PROFILE_NUMBERS = ("cpus", "cores", "cpu_period_us", "memory", "pids", "storage", "io_read_bps", "io_write_bps", "output_cap",
-                    "sample_hz", "override_scale")
 
 
 @functools.lru_cache(maxsize=256)
@@ -617,7 +466,7 @@ def _kinds(row: Any) -> dict[str, tuple[type, ...]]:
     for c in row.__table__.columns:
         t = c.type
         if isinstance(t, JSON):
-            lists, dicts = (_LISTS, _DICTS) if row is AttemptRow else (_RUN_LISTS, _RUN_DICTS)
+            lists, dicts = (LISTS, DICTS) if row is AttemptRow else (RUN_LISTS, RUN_DICTS)
             out[c.name] = (list,) if c.name in lists else (dict,) if c.name in dicts else (object,)
         elif isinstance(t, Boolean):
             out[c.name] = (bool, int)
@@ -641,127 +490,9 @@ def _undecodable(msg: str) -> str:
     return f"column {one_line(col.strip(), 60)} holds bytes that are not UTF-8 text"
 
 
-def _damaged(url: str, what: str) -> str:
-    return (f"database {url}: {what[:300]} -- harness never writes that; the database was changed outside "
-            "harness or is damaged (restore it from a copy, or pass another --db)")
-
-
-def _wrong(url: str, attempt_id: Any, column: str, value: Any, show: bool = False, what: str = "attempt") -> None:
-    """Stop on a value harness never writes: named by type (a stored string may be an agent's
-    text), by value for numbers and the values of a record's fixed vocabulary."""
-    shown = ascii(value) if show or isinstance(value, (int, float, bool)) or value is None else f"a {type(value).__name__}"
-    raise StoreError(_damaged(url, f"{what} {attempt_id}: column {column} holds {shown[:60]}"))
-
-
 def _checked(row: dict[str, Any], url: str, table: Any = AttemptRow) -> dict[str, Any]:
-    """A whole stored row, refused (one line) when a column holds what harness never writes."""
-    kinds = _kinds(table)
-    for name, v in row.items():
-        ok = kinds.get(name)
-        if v is not None and ok is not None and not isinstance(v, ok):
-            _wrong(url, row.get("id"), name, v, what="run" if table is RunRow else "attempt")
-    for name, v in row.items():
-        if v is None and not _nullable(table, name):
-            _wrong(url, row.get("id"), name, v, what="run" if table is RunRow else "attempt")
-    if table is not AttemptRow:
-        return row
-    for name, low in _FLOORS.items():
-        if isinstance(row.get(name), (int, float)) and row[name] < low:
-            _wrong(url, row.get("id"), name, row[name])
-    for name, v in row.items():  # SQLite keeps an infinity harness never writes
-        if isinstance(v, float) and math.isinf(v):
-            _wrong(url, row.get("id"), name, v)
-    for name, allowed in _ENUMS.items():
-        if name in row and row[name] not in allowed:
-            _wrong(url, row.get("id"), name, row[name], show=True)
-    return row
-
-
-@functools.lru_cache(maxsize=16)
-def lean_type(fields: tuple[str, ...]) -> type:
-    """A read-only record of an attempt holding only ``fields`` (AttemptRecord's names): a
-    named tuple. Reading any other attribute is an AttributeError that names the field, never
-    a default that would pass for a stored value: whoever reads it must add it to the fields."""
-    unknown = [f for f in fields if f not in AttemptRecord.model_fields]
-    if unknown:
-        raise ValueError(f"not fields of an attempt record: {', '.join(unknown)}")
-
-    def __getattr__(self: Any, name: str) -> Any:
-        where = "not read by this lean read (add it to the fields read)" if name in AttemptRecord.model_fields else "not a field"
-        raise AttributeError(f"attempt record field {name!r}: {where}")
-
-    base = collections.namedtuple("LeanAttempt", fields)  # type: ignore[misc]
-    return type("LeanAttempt", (base,), {"__slots__": (), "__getattr__": __getattr__,
-                                         "__doc__": f"An attempt's {', '.join(fields)} (read-only)."})
-
-
-def _attempt_record(row: dict[str, Any], url: str) -> AttemptRecord:
-    """A stored row as a record, validated (~20 us): a store changed outside harness is a
-    one-line StoreError here, not a traceback wherever a bad value is first used."""
-    for k in _LISTS:
-        if row.get(k) is None:
-            row[k] = []
-    for k in _DICTS:
-        if row.get(k) is None:
-            row[k] = {}
-    row["samples"] = []
-    rec = _validated(AttemptRecord, row, url, f"attempt {row.get('id')}")
-    for k in _ITEMS:
-        if getattr(rec, k):
-            _validated_as(_adapter(k).validate_python, getattr(rec, k), url, f"attempt {row.get('id')}: column {k}")
-    return rec
-
-
-def _run_record(row: dict[str, Any], url: str) -> RunRecord:
-    for k in _RUN_LISTS:
-        if row.get(k) is None:
-            row[k] = []
-    for k in _RUN_DICTS:
-        if row.get(k) is None:
-            row[k] = {}
-    if row.get("task_overrides") is None:
-        row["task_overrides"] = True
-    for k in ("controller", "note", "suite_path", "artifacts_dir", "cgroup_version", "identity_hash", "image_digest", "agent_name"):
-        if row.get(k) is None:
-            row[k] = ""
-    run = _validated(RunRecord, row, url, f"run {one_line(str(row.get('id')), 60)}")
-    for k in _PROFILE_NUMBERS:
-        v = run.profile_json.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            raise StoreError(_damaged(url, f"run {one_line(run.id, 60)}: profile_json.{k} holds a {type(v).__name__}"))
-    if len(run.task_ids) * run.trials > MAX_SLOTS:  # every reader would hold a view of each slot
-        raise StoreError(_damaged(url, f"run {one_line(run.id, 60)}: {len(run.task_ids):,} tasks x {run.trials:,} trials "
-                                       f"is more than the {MAX_SLOTS:,} slots a run may have"))
-    if any(k > run.trials for k in run.ks):  # a run never fixes a k beyond its trials
-        raise StoreError(_damaged(url, f"run {one_line(run.id, 60)}: ks {run.ks} exceed its {run.trials} trials"))
-    return run
-
-
-@functools.lru_cache(maxsize=8)
-def _none_ok(model: Any) -> frozenset[str]:
-    """Fields of ``model`` that may hold None (the rest take their default when a row has NULL)."""
-    return frozenset(n for n, f in model.model_fields.items()
-                     if f.annotation is Any or type(None) in typing.get_args(f.annotation) or f.annotation is type(None))
-
-
-def _validated(model: Any, row: dict[str, Any], url: str, what: str) -> Any:
-    """``model`` from a stored row: NULL in a field that cannot hold it takes the field's
-    default (a column added after the row was written); anything else harness never writes is
-    a StoreError naming the field and the kind of problem, never the stored value."""
-    ok = _none_ok(model)
-    for k in [k for k, v in row.items() if v is None and k not in ok and k in model.model_fields]:
-        if not model.model_fields[k].is_required():
-            del row[k]
-    return _validated_as(model.model_validate, row, url, what)
-
-
-def _validated_as(validate: Any, row: Any, url: str, what: str) -> Any:
-    try:
-        return validate(row)
-    except ValidationError as e:
-        first = e.errors(include_input=False, include_url=False)[0]
-        loc = ".".join(str(x) for x in first.get("loc", ())) or "?"
-        raise StoreError(_damaged(url, f"{what}: field {one_line(loc, 80)}: {one_line(first.get('msg', ''), 120)}")) from None
+    """A whole stored row of ``table``, refused (one line) when a column holds what harness never writes."""
+    return checked(row, url, _kinds(table), functools.partial(_nullable, table), "run" if table is RunRow else "attempt")
 
 
 class _Tx:
