@@ -6,10 +6,13 @@ import, ~0.18 s of a 10^5-attempt report's ~0.95 s. This module answers the same
 without it: the same queries as ``Store.attempts(run, REPORT_FIELDS)`` and ``Store.get_run``,
 and the same checks (``harness.store.records``), so both refuse the same rows.
 
-It answers only what it is sure of: a SQLite file named by a plain URL, with every column this
-harness defines, and a run id (or unique prefix, or ``last``) it finds. Anything else (another
-database, an older schema, no such run, a row it would refuse, a driver error) returns None,
-and the caller reads through the store, whose answer (or one-line error) is the reference.
+It answers only what it is sure of: a SQLite file named by a plain URL (no query, and no
+character a URL or an SQLite URI would read otherwise: ``%``, ``#``, ``?``), with every column
+this harness defines, a run id (or unique prefix, or ``last``) it finds, and no late records
+(an attempt recorded lost whose record came afterwards: rare, and the store's to read).
+Anything else (another database, an older schema, no such run, a row it would refuse, a lock
+held longer than half a second, a driver error) returns None, and the caller reads through
+the store, whose answer (or one-line error) is the reference.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import re
 import sqlite3
 from typing import Any, Iterable
 
-from harness.model.attempt import AttemptRecord
 from harness.model.errors import StoreError
 from harness.model.run import RunRecord
 from harness.model.table import AttemptTable
@@ -56,28 +58,37 @@ _JSON = (_LIST, _DICT, _ANY)
 _STORED_TIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(\.\d{6})?")
 
 
+# a path it opens as the store would (no URL escapes, fragments, queries, authorities, controls)
+_PLAIN_PATH = re.compile(r"(?!//)[^%#?\x00-\x1f\x7f]+")
+# how long it waits on a writer's lock before it leaves the wait to the store (10 s)
+LOCK_WAIT_S = 0.5
+
+
 class _NotMine(Exception):
     """What this read leaves to the store."""
 
 
 def report_read(url: str | None, ref: str, fields: Iterable[str] = REPORT_FIELDS) -> tuple[RunRecord, AttemptTable, int] | None:
     """The run ``ref`` names (id, unique prefix, ``last``), its attempts' ``fields`` as
-    ``Store.attempts(run, fields)`` gives them, and how many late records it has; or None
-    when the store must answer (see the module's docstring)."""
+    ``Store.attempts(run, fields)`` gives them, and its late records' count (0: a run that has
+    any is left to the store); or None when the store must answer (see the module docstring)."""
     url = url or default_url()
     path = sqlite_path(url)
-    if path is None or "?" in url or not path.is_file() or not ref.strip():
+    if path is None or _PLAIN_PATH.fullmatch(url.removeprefix("sqlite:///")) is None or not ref.strip():
         return None
     try:
-        con = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=10.0)
-    except sqlite3.Error:
+        if not path.is_file():
+            return None
+        con = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=LOCK_WAIT_S)
+    except (OSError, ValueError, sqlite3.Error):
         return None
     try:
         run = _run(con, url, ref)
         if run is None:
             return None
-        attempts = _attempts(con, url, run.id, list(fields))
-        return run, attempts, _late(con, url, run.id)
+        if _has_late(con, run.id):
+            return None
+        return run, _attempts(con, url, run.id, list(fields)), 0
     except (_NotMine, StoreError, sqlite3.Error, ValueError, TypeError, RecursionError, OverflowError):
         return None
     finally:
@@ -98,10 +109,15 @@ def _run(con: sqlite3.Connection, url: str, ref: str) -> RunRecord | None:
         like = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = con.execute(f"{q} WHERE id LIKE ? ESCAPE '\\' LIMIT 2", (like,)).fetchall()
         if len(rows) != 1:
+            for r in rows:  # the store reads (and checks) both before it looks for the newest
+                _run_row(dict(zip(cols, r)), url)
             rows = con.execute(f"{q} ORDER BY created_at DESC LIMIT 1").fetchall() if ref in ("last", "latest") else []
     if not rows:
         return None  # no such run, or an ambiguous prefix: the store says which
-    row = dict(zip(cols, rows[0]))
+    return [_run_row(dict(zip(cols, r)), url) for r in rows][0]  # each checked, as the store checks every row it reads
+
+
+def _run_row(row: dict[str, Any], url: str) -> RunRecord:
     for name, kind in RUN_KINDS.items():
         v = row[name]
         if v is None:
@@ -166,14 +182,8 @@ def _attempts(con: sqlite3.Connection, url: str, run_id: str, fields: list[str])
                         lambda n: n not in ATTEMPT_NOT_NULL, url)
 
 
-def _late(con: sqlite3.Connection, url: str, run_id: str) -> int:
-    """How many records arrived after their attempt was recorded lost (each checked, as the store does)."""
-    if not _columns(con, "late_attempts"):
-        return 0
-    n = 0
-    for (text,) in con.execute("SELECT record FROM late_attempts WHERE run_id = ? ORDER BY id", (run_id,)):
-        if type(text) is not str:
-            raise _NotMine
-        AttemptRecord.model_validate(json.loads(text))
-        n += 1
-    return n
+def _has_late(con: sqlite3.Connection, run_id: str) -> bool:
+    """Whether the run has records that arrived after their attempt was recorded lost."""
+    if con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'late_attempts'").fetchone() is None:
+        return False
+    return con.execute("SELECT 1 FROM late_attempts WHERE run_id = ? LIMIT 1", (run_id,)).fetchone() is not None

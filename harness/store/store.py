@@ -81,6 +81,10 @@ class Store:
         path = sqlite_path(url)
         engine_url = url
         if path is not None:
+            try:
+                path.exists()
+            except (OSError, ValueError) as e:  # a name too long for the file system, a NUL in it
+                raise StoreError(f"database {url}: {path} cannot name a file here ({getattr(e, 'strerror', None) or e})") from None
             if path.is_dir():
                 raise StoreError(f"database {url}: {path} is a directory; name a database file in it, "
                                  f"e.g. --db sqlite:///{path / 'harness.db'}")
@@ -229,7 +233,13 @@ class Store:
         if "late_attempts" not in inspect(self.engine).get_table_names():
             return []
         rows = self._read(select(LateRow.__table__).where(LateRow.run_id == run_id).order_by(LateRow.id))
-        return [AttemptRecord.model_validate(r["record"]) for r in rows]
+        out = []
+        for r in rows:
+            what = f"late record {r.get('id')}"
+            if not isinstance(r["record"], dict):
+                raise StoreError(damaged(self.url, f"{what}: column record holds a {type(r['record']).__name__}"))
+            out.append(validated(AttemptRecord, dict(r["record"]), self.url, what))
+        return out
 
     def claim_attempt(self, run_id: str, task_id: str, slot: int, attempt_no: int, seed: int, controller: str) -> None:
         """Say that an attempt starts now (see :class:`~harness.store.orm.ClaimRow`)."""
@@ -297,6 +307,10 @@ class Store:
         """A run by id, unique id prefix, or ``last``."""
         if not ref.strip():
             raise StoreError("no run named (an empty run id): give a run id, a unique prefix of it, or `last`; list runs with `harness runs`")
+        try:
+            ref.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the terminal could not decode (argv keeps them as surrogates)
+            raise StoreError(f"run {ascii(ref)[:80]}: no such run (it is not UTF-8 text); list runs with `harness runs`") from None
         q = self._select(RunRow)
         rows = self._run_records(q.where(RunRow.id == ref))
         if rows:
