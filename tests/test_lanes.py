@@ -1,6 +1,8 @@
 """Lanes (harness.engine.lanes) through the local executor: two attempts share a lane of
 cores, and no agent window ever overlaps another attempt's sandbox start, in-container work
-or removal on the same cores. Real threads and real waits; the attempts are scripted steps
+or removal on the same cores; the only in-container work two attempts do at once is a setup
+that yielded its CPU weight beside the grading of the one before it, after that one's agent
+window. Real threads and real waits; the attempts are scripted steps
 with seeded random lengths (no engine: what is checked is the executor's ordering)."""
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from harness.engine.lanes import OPEN
 from harness.engine.scheduler import CpuPool
 
 
-def _scripted(log: list, lock: threading.Lock, rng: random.Random, key: str, fail_at: str | None = None):
+def _scripted(log: list, lock: threading.Lock, rng: random.Random, key: str, fail_at: str | None = None, yielded: bool = True):
     lengths = {p: rng.uniform(0.001, 0.02) for p in ("start", "setup", "agent", "grade", "remove")}
 
     def step(cpuset: list[int], name: str) -> None:
@@ -29,7 +31,12 @@ def _scripted(log: list, lock: threading.Lock, rng: random.Random, key: str, fai
                 return key, True, None
             step(cpuset, "start")
             gate.started()
-            if not gate.work():
+            def yield_cpu() -> bool:
+                with lock:
+                    log.append((tuple(cpuset), key, "yield", time.monotonic(), time.monotonic()))
+                return yielded
+
+            if not gate.work(yield_cpu=yield_cpu):
                 return key, True, None
             step(cpuset, "setup")
             if fail_at == "setup":
@@ -60,13 +67,16 @@ def _run_all(cpus: list[int], concurrency: int, works: list[Work], depth: int = 
     return done
 
 
-def _check(log: list) -> int:
-    """No agent window overlaps another attempt's step on the same cores; in-container
-    steps (setup, agent, grade) never overlap each other on one lane. Returns how many
-    pairs of attempts overlapped at all (the pipelining)."""
-    overlapped = set()
+def _check(log: list) -> tuple[int, int]:
+    """No agent window overlaps another attempt's step on the same cores; of in-container
+    steps (setup, agent, grade) on one lane, only a (yielded) setup overlaps another's
+    grade, and then the grading one's agent window ended before that setup began. Returns
+    how many pairs of attempts overlapped at all (the pipelining) and how many setups
+    overlapped a grade."""
+    overlapped, setup_grade = set(), set()
     for cores in {c for c, *_ in log}:
         mine = [e for e in log if e[0] == cores]
+        agent_end = {k: e for _, k, n, _, e in mine if n == "agent"}
         for _, k1, n1, s1, e1 in mine:
             for _, k2, n2, s2, e2 in mine:
                 if k1 == k2 or not (s1 < e2 and s2 < e1):
@@ -74,8 +84,12 @@ def _check(log: list) -> int:
                 overlapped.add(frozenset((k1, k2)))
                 assert n1 != "agent", f"{k1}'s agent window overlaps {k2}'s {n2}"
                 work = ("setup", "agent", "grade")
-                assert not (n1 in work and n2 in work), f"{k1}'s {n1} overlaps {k2}'s {n2}"
-    return len(overlapped)
+                if n1 in work and n2 in work:
+                    assert {n1, n2} == {"setup", "grade"}, f"{k1}'s {n1} overlaps {k2}'s {n2}"
+                    if n1 == "setup":
+                        assert agent_end[k2] <= s1, f"{k1}'s setup began before {k2}'s agent window ended"
+                        setup_grade.add((k1, k2))
+    return len(overlapped), len(setup_grade)
 
 
 def test_two_attempts_share_a_lane_and_never_overlap_an_agent_window():
@@ -85,7 +99,24 @@ def test_two_attempts_share_a_lane_and_never_overlap_an_agent_window():
     works = [_scripted(log, lock, rng, f"a{i}") for i in range(60)]
     _run_all([0, 1], 2, works)
     assert len({k for _, k, *_ in log}) == 60
-    assert _check(log) > 10, "attempts on one lane never overlapped: nothing was pipelined"
+    pairs, setup_grade = _check(log)
+    assert pairs > 10, "attempts on one lane never overlapped: nothing was pipelined"
+    assert setup_grade > 0, "no setup ever ran beside the grading of the attempt before it"
+
+
+def test_a_setup_that_could_not_yield_its_cpu_waits_for_the_grading_before_it():
+    """Where a sandbox cannot take the lowest CPU weight (its cgroup is not writable from
+    here), its setup never runs beside the grading of the attempt before it."""
+    log: list = []
+    lock = threading.Lock()
+    rng = random.Random(7)
+    works = [_scripted(log, lock, rng, f"y{i}", yielded=i % 2 == 0) for i in range(40)]
+    _run_all([0], 1, works)
+    _, setup_grade = _check(log)
+    assert setup_grade > 0
+    for _, k, n, s, e in log:  # an odd attempt (not yielded) set up beside no grading
+        if n == "setup" and int(k[1:]) % 2:
+            assert not any(n2 == "grade" and s < e2 and s2 < e for _, k2, n2, s2, e2 in log if k2 != k), k
 
 
 def test_attempts_that_end_early_leave_the_lane_usable():
@@ -105,7 +136,9 @@ def test_depth_one_never_overlaps_attempts_on_a_core():
     rng = random.Random(3)
     works = [_scripted(log, lock, rng, f"c{i}") for i in range(20)]
     _run_all([0], 1, works, depth=1)
-    assert _check(log) == 0
+    assert _check(log) == (0, 0)
+    # alone on its lane, an attempt is never asked to yield its CPU (nothing else works there)
+    assert not any(n == "yield" for _, _, n, *_ in log)
 
 
 def test_ungated_work_has_its_cores_to_itself():

@@ -90,10 +90,17 @@ def test_an_agent_at_its_ceiling_fails_as_oom_killed_never_as_the_engines_error(
                 "--agent-cmd", f"sh -c '{fill}'", "--db", db_url(tmp_path), "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     atts = Store.open(db_url(tmp_path), mode="ro").attempts(json.loads(r.stdout)["run_id"])
-    assert len(atts) == 4, [(a.verdict, a.reasons, a.error) for a in atts]
-    for a in atts:
-        assert (a.verdict, a.outcome, a.failure_kind) == ("clean", "fail", "oom_killed"), (a.verdict, a.reasons, a.error, a.grade_reason)
+    scored = [a for a in atts if a.verdict == "clean"]
+    assert len(scored) == 4, [(a.verdict, a.reasons, a.error) for a in atts]
+    for a in scored:
+        assert (a.outcome, a.failure_kind) == ("fail", "oom_killed"), (a.verdict, a.reasons, a.error, a.grade_reason)
         assert a.oom_kills and a.oom_kills >= 1
+    # on a loaded host the container and its cgroup may go before the counters are read: then
+    # nothing measured the window and the attempt is discarded, charged, and named for what the
+    # engine saw -- never an engine restart
+    for a in atts:
+        if a.verdict != "clean":
+            assert "the engine saw an OOM kill" in (a.error or ""), a.error
 
 
 def test_fresh_state_per_attempt_and_extra_effects_fail(docker_client, tmp_path):
@@ -261,7 +268,7 @@ def test_rows_committed_in_wal_mode_are_graded(docker_client, tmp_path):
 
 def test_concurrent_attempts_never_share_a_core(docker_client, tmp_path):
     """With no core reserved, both cores take trials at once: two lanes, exclusive cpusets.
-    On a lane the next attempt starts its sandbox while the one before grades, but no agent
+    On a lane the next attempt starts its sandbox and sets up while the one before grades, but no agent
     window overlaps any other attempt's life on its core (read back from the stored phases):
     every attempt was halted (its processes gone) before its removal."""
     if len(os.sched_getaffinity(0)) < 2:

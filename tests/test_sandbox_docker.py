@@ -6,12 +6,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import EMULATED
 
+from harness.measure import cgroup
 from harness.sandbox.images import SANDBOX_IMAGE
 from harness.model.profile import Profile
 from harness.engine.command import run_command
@@ -571,6 +574,79 @@ def test_the_memory_ceiling_never_takes_the_keeper(docker_client, trial_cpu):
         # joins the cgroup) until the grade envelope adds the grader's memory, as before grading
         assert sb.set_envelope(256 << 20, 100_000) is not None
         assert sb.exec(["true"], timeout=20).exit_code == 0  # the container lives on, to be graded
+    finally:
+        assert sb.remove()
+    assert not leftovers(docker_client)
+
+
+def test_a_sandbox_that_yielded_its_cpu_gets_its_core_only_when_nothing_else_wants_it(docker_client, trial_cpu):
+    """yield_cpu: the next attempt's setup beside the grading of the one before it. Two
+    sandboxes on one core both spin for a second: the one that yielded gets a sliver; once
+    it has its weight back (read back from the kernel), they share the core evenly."""
+    backend = DockerBackend(docker_client)
+    boxes = [backend.sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(cpus=1.0), cpuset=trial_cpu)) for _ in range(2)]
+    spin = ["python3", "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"]
+
+    def shares() -> list[float]:
+        """Each sandbox's share of the core in a window where both want it."""
+        threads = [threading.Thread(target=b.exec, args=(spin,), kwargs={"timeout": 30}) for b in boxes]
+        for th in threads:
+            th.start()
+        time.sleep(0.5)  # both started (a starved one may still be starting: it wants the core too)
+        before = [b.snapshot() for b in boxes]
+        time.sleep(0.5)
+        used = [b1.cpu_usage_us - b0.cpu_usage_us for b0, b1 in zip(before, [b.snapshot() for b in boxes])]
+        for th in threads:
+            th.join()
+        return [u / sum(used) for u in used]
+
+    try:
+        for b in boxes:
+            b.start()
+        weight = Path(cgroup.cpu_weight_file(boxes[1].paths)).read_text().strip()
+        assert boxes[1].yield_cpu() and not boxes[1].yield_cpu()  # once
+        assert Path(cgroup.cpu_weight_file(boxes[1].paths)).read_text().strip() == cgroup.LOWEST_CPU_WEIGHT[boxes[1].paths.version]
+        low = shares()
+        assert low[1] < 0.1, low
+        boxes[1].reclaim_cpu()
+        assert Path(cgroup.cpu_weight_file(boxes[1].paths)).read_text().strip() == weight
+        even = shares()
+        assert 0.3 < even[1] < 0.7, even
+    finally:
+        for b in boxes:
+            assert b.remove()
+    assert not leftovers(docker_client)
+
+
+def test_the_engine_says_whether_the_memory_ceiling_took_a_dead_container(docker_client, trial_cpu):
+    """oom_killed(): what the pipeline asks of a container that died in the agent's window when
+    its cgroup went before its counters were read. Killed from outside: no. Taken down by its
+    own memory ceiling (the keeper OOM-killed, where the controller cannot spare it): yes."""
+    backend = DockerBackend(docker_client)
+    sb = backend.sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(memory="64m"), cpuset=trial_cpu))
+    try:
+        sb.start()
+        docker_client.containers.get(sb.name).kill()
+        assert not sb.alive() and not sb.oom_killed() and "OOM-killed False" in sb.how_it_ended()
+    finally:
+        assert sb.remove()
+    if docker_sandbox.can_spare_from_oom_killer():  # the keeper is spared: the ceiling never ends the container
+        return
+    sb = backend.sandbox(SandboxSpec(image=SANDBOX_IMAGE, profile=prof(memory="64m"), cpuset=trial_cpu))
+    try:
+        sb.start()
+        assert sb.alive() and not sb.oom_killed()
+        # the kernel's own OOM killer, steered to the keeper (as it sometimes picks it unsteered:
+        # the tmpfs pages belong to no process, so every process of the container looks alike)
+        for pid in sb._keep_pids - {sb.pid}:
+            Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+        for _ in range(3):
+            sb.exec(["sh", "-c", "head -c 40m /dev/zero > /tmp/a$$; head -c 40m /dev/zero > /tmp/b$$; "
+                                 "head -c 40m /dev/zero > /dev/shm/c$$"], timeout=30)
+            if not sb.alive():
+                break
+        assert not sb.alive(), "the ceiling never took the keeper"
+        assert sb.oom_killed() and "OOM-killed True" in sb.how_it_ended()
     finally:
         assert sb.remove()
     assert not leftovers(docker_client)

@@ -121,8 +121,9 @@ class OrphanClearer:
 
 class LocalExecutor(Executor):
     """``concurrency`` lanes of exclusive cores leased from ``pool``, each worked by ``depth``
-    threads: with depth 2, gated work overlaps the next attempt's sandbox start with this
-    one's grade and removal (never with an agent window; see :mod:`harness.engine.lanes`).
+    threads: with depth 2, gated work overlaps the next attempt's sandbox start and setup (at
+    the lowest CPU weight) with this one's grade and removal (never with an agent window; see
+    :mod:`harness.engine.lanes`).
     A sandbox whose removal failed keeps its cores leased (they are quarantined) until a
     retry removes it; ``before_attempt`` runs in the worker before each attempt (the driver
     waits there for an engine that went away); ``clear`` removes what a holder that died on a

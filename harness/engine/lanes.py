@@ -4,14 +4,21 @@ where nothing is measured.
 An attempt's life on its cores is: sandbox start (services, container) -> in-container work
 (setup, the measured agent window, stop, grade, export) -> removal. Only the agent window is
 measured (the cgroup counters, the host's view of the pinned cores), so the next attempt on
-the same cores may start its sandbox while this one grades, and this one's removal may run
-while the next one sets up. The rules, per lane:
+the same cores may start its sandbox while this one grades, and set up then too at the
+lowest CPU weight of its cores (this one's grading has them whenever it wants them); this
+one's removal may run while the next one sets up. The rules, per lane:
 
 - a member starts its sandbox only once every member that joined before it has ended its
   agent window (or given up before it);
-- in-container work (setup .. grade) is one member's at a time, in joining order;
-- an agent window opens only while no sandbox of the lane is starting or being removed,
-  and while it is open none starts or is removed;
+- it sets up then, beside an earlier member's stop, grade and export, if its sandbox took
+  the lowest CPU weight of the cores (``Sandbox.yield_cpu``, asked only then; given back
+  before its agent window); otherwise once no other member does in-container work (setup ..
+  grade), which is then its alone until its removal begins;
+- its agent window opens only once no other member does in-container work (an earlier
+  one's stop, grade and export end when its removal begins) and no sandbox of the lane is
+  starting or being removed; its own in-container work from then on (stop, grade, export)
+  has only a later member's yielded setup beside it, and while the window is open nothing
+  starts or is removed;
 - a member's removal begins in the same step that ends its in-container work, so the next
   member's agent window waits for that removal to end -- or only until its processes are
   gone, where the controller can see them (``Sandbox.halt``): the engine's unmounts and
@@ -98,25 +105,37 @@ class Member:
             self.lane.transitions -= 1
             self.lane.cv.notify_all()
 
-    def work(self, stop: threading.Event | None = None) -> bool:
-        """Before setup: the lane's in-container work is this member's until removal."""
+    def work(self, stop: threading.Event | None = None, yield_cpu: Callable[[], bool] | None = None) -> bool:
+        """Before setup. While an earlier member still does in-container work (stop, grade,
+        export), ``yield_cpu`` is asked to give this member's sandbox the lowest CPU weight
+        of its cores (``Sandbox.yield_cpu``): when it does, this member sets up beside that
+        work, which has the cores whenever it wants them. Otherwise (or alone: no weight is
+        changed, so a setup never starves behind anything else) the lane's in-container work
+        becomes this member's, once the earlier one's has ended, until its removal begins."""
         lane = self.lane
         with lane.cv:
             self._started()
-            if not self._wait(lambda: lane.w_owner is None and self._earlier_done(), stop):
+            if not self._wait(self._earlier_done, stop):
+                return False
+            if lane.w_owner is not None and yield_cpu is not None and yield_cpu():
+                return True
+            if not self._wait(lambda: lane.w_owner is None, stop):
                 return False
             lane.w_owner = self
             return True
 
     @contextmanager
     def agent(self, stop: threading.Event | None = None) -> Iterator[bool]:
-        """The measured window: opens once no sandbox of the lane is starting or being
-        removed; yields False (and opens nothing) if the run stopped while it waited."""
+        """The measured window: opens once no other member does in-container work and no
+        sandbox of the lane is starting or being removed; the lane's in-container work is
+        then this member's until its removal begins. Yields False (and opens nothing) if the
+        run stopped while it waited."""
         lane = self.lane
         with lane.cv:
-            ok = self._wait(lambda: lane.transitions == 0, stop)
+            ok = self._wait(lambda: lane.transitions == 0 and lane.w_owner in (None, self), stop)
             if ok:
                 lane.agent_member = self
+                lane.w_owner = self
         try:
             yield ok
         finally:
@@ -159,7 +178,7 @@ class _Open:
     def started(self) -> None:
         pass
 
-    def work(self, stop: threading.Event | None = None) -> bool:
+    def work(self, stop: threading.Event | None = None, yield_cpu: Callable[[], bool] | None = None) -> bool:
         return True
 
     @contextmanager

@@ -38,6 +38,7 @@ from harness.model.run import RunRecord
 from harness.model.sandbox import INPUT_DIR, LOGS_DIR, TESTS_DIR, TRANSCRIPT_FILE, WORKDIR, Tree
 from harness.model.suite import Suite, Task
 from harness.model.units import MiB, format_size, utcnow
+from harness.model.errors import SandboxError
 from harness.sandbox.base import ROOT_CAPS, Command, Exported, ExportFile, Network, Sandbox, SandboxBackend, SandboxSpec
 from harness.sandbox.owners import LABEL_ATTEMPT, LABEL_RUN
 from harness.sandbox.finish import without_outward_links
@@ -354,7 +355,10 @@ class _Attempt:
                 d.f["memory_max"], d.f["pids_max"] = applied.memory_max, applied.pids_max
         d.f["envelope_notes"] = list(getattr(sb, "notes", []))
         t = time.monotonic()
-        ok = self.gate.work(self.p.stop)  # the attempt before it on these cores finishes grading first
+        # on a lane, it sets up beside the grading of the attempt before it, at the lowest CPU
+        # weight of the cores (that grading has them whenever it wants them); where the weight
+        # cannot be set, that grading finishes first
+        ok = self.gate.work(self.p.stop, yield_cpu=sb.yield_cpu)
         self._waited(t)
         if not ok:
             ctx.infra = "the controller was stopped before the agent started"
@@ -439,6 +443,11 @@ class _Attempt:
             if not ok:
                 ctx.infra = "the controller was stopped before the agent started"
                 return False
+            try:
+                sb.reclaim_cpu()  # its CPU weight back before anything is measured
+            except SandboxError as e:
+                ctx.infra = str(e)
+                return False
             t = time.monotonic()
             m = sb.measured_exec(list(job.agent_cmd or job.run.agent_cmd), timeout=job.profile.timeouts.agent, env=self._agent_env(inputs),
                                  workdir=job.task.sandbox.workdir or None, also=list(self.services.values()))
@@ -462,6 +471,13 @@ class _Attempt:
                                     "its final state could not be graded")
             return False
         if not sb.alive():
+            if m.counters is None and sb.oom_killed():
+                # the same, seen by the engine only: the container (and its cgroup) went before
+                # its counters were read (a loaded host). Nothing measured the window, so the
+                # attempt is not scored; the discard is charged to the slot as every infra one
+                ctx.infra = ("the memory ceiling took the container down (the engine saw an OOM kill) before its counters "
+                             "could be read; the attempt is unmeasured")
+                return False
             # removed or killed outside the harness (an engine restart, `docker rm`, Ctrl-C):
             # the exit status means nothing, so the attempt cannot be graded
             ctx.infra = "container died during the agent phase (engine restart, removal or kill outside the harness)"
@@ -677,7 +693,7 @@ class _Attempt:
 
     def _down(self) -> bool:
         """Remove the sandbox, the services, the separate verifier and the network."""
-        self.gate.remove_begin()  # the next attempt on these cores may set up now; its agent waits for this removal
+        self.gate.remove_begin()  # in-container work ends here; the next attempt's agent waits for this removal (or halt)
         try:
             # once nothing of this attempt runs on the cores, the rest of its removal (the
             # engine's unmounts and deletes) is no longer the lane's business: the next agent

@@ -879,7 +879,8 @@ def probe_seconds() -> float:
 
 def lane_depth() -> int:
     """$HARNESS_LANE_DEPTH: attempts per lane of cores (default 2: the next attempt starts its
-    sandbox while the one before grades and is removed, never during an agent window, see
+    sandbox and sets up (at the lowest CPU weight) while the one before grades and is removed,
+    never during an agent window, see
     harness.engine.lanes; 1: one attempt at a time per lane, nothing overlapped)."""
     text = os.environ.get("HARNESS_LANE_DEPTH", "2")
     if text.strip() not in ("1", "2"):

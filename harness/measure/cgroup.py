@@ -621,6 +621,29 @@ def _write(path: str, value: str) -> None:
         os.close(fd)
 
 
+# the lowest CPU weight a cgroup can have among its siblings (v2 cpu.weight, v1 cpu.shares)
+LOWEST_CPU_WEIGHT = {2: "1", 1: "2"}
+
+
+def cpu_weight_file(paths: CgroupPaths) -> str:
+    """The file of a cgroup's CPU weight relative to its siblings: cpu.weight (v2) or cpu.shares (v1)."""
+    return os.path.join(paths.unified or paths.memory, "cpu.weight") if paths.version == 2 else os.path.join(paths.cpu, "cpu.shares")
+
+
+def set_cpu_weight(paths: CgroupPaths, value: str) -> str:
+    """Write a cgroup's CPU weight (as the kernel writes it back: ``cpu_weight_file``) and
+    return what it held before. Raises OSError when the kernel or the mount refuses, or when
+    it does not read back as written."""
+    f = cpu_weight_file(paths)
+    before = _read(f)
+    if before is None:
+        raise OSError(2, "no CPU weight file", f)
+    _write(f, value)
+    if (_read(f) or "").strip() != value:
+        raise OSError(5, f"{f} did not read back as {value}")
+    return before.strip()
+
+
 def write_limits(paths: CgroupPaths, memory: int, cpu_quota_us: int) -> CgroupLimits:
     """Set a cgroup's memory ceiling (swap none: memory+swap = memory) and CPU quota (its period
     kept) in the kernel's own files, then read them back. What ``docker update`` ends in, without

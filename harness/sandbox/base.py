@@ -135,6 +135,21 @@ class Sandbox(ABC):
         """For a sandbox that is no longer alive: what its engine says of its end ("" when unknown)."""
         return ""
 
+    def yield_cpu(self) -> bool:
+        """Give this sandbox the lowest CPU weight among its siblings, so that whatever else
+        runs on its cores (an earlier attempt's grading) has them whenever it wants them;
+        False when that cannot be done here (nothing changed)."""
+        return False
+
+    def reclaim_cpu(self) -> None:
+        """Undo :meth:`yield_cpu` (a no-op if it did nothing); raises SandboxError if the
+        weight cannot be given back."""
+
+    def oom_killed(self) -> bool:
+        """For a sandbox that is no longer alive: whether its engine saw the kernel's OOM
+        killer act in it (False when unknown)."""
+        return False
+
     @abstractmethod
     def set_envelope(self, memory: int, cpu_quota_us: int) -> CgroupLimits | None:
         """Change the memory ceiling and CPU quota (for grading); the limits read back."""

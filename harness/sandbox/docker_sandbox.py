@@ -360,6 +360,7 @@ class DockerSandbox(Sandbox):
         self._late: dict[str, Path] = {}
         self._keep_pids: set[int] = set()
         self._removed = False
+        self._yielded: str | None = None  # the CPU weight it had before yield_cpu()
         # start and remove exclude each other: a removal asked for while the container is
         # being created (Ctrl-C) waits for it, so it always finds the container it must remove
         self._lock = threading.RLock()
@@ -637,7 +638,9 @@ class DockerSandbox(Sandbox):
         except Exception:  # NotFound, engine down, connection reset
             return False
 
-    def how_it_ended(self) -> str:
+    def _final_state(self) -> tuple[dict[str, Any], bool] | str:
+        """The engine's State of a container that is no longer alive, and whether the engine
+        had still not recorded its end ``ENGINE_CATCHUP_S`` after its init exited; or why not."""
         if self.container is None or self._removed:
             return "removed by the harness" if self._removed else ""
         deadline = time.monotonic() + ENGINE_CATCHUP_S
@@ -653,8 +656,36 @@ class DockerSandbox(Sandbox):
             # means the engine has not handled the exit yet (slow hosts take a while); wait for it.
             lagging = st.get("Status") == "running" and self.pid is not None and not _is_running(self.pid)
             if not lagging or time.monotonic() >= deadline:
-                break
+                return st, lagging
             time.sleep(0.05)
+
+    def yield_cpu(self) -> bool:
+        if self.paths is None or self._yielded is not None:
+            return False
+        try:
+            self._yielded = cgroup.set_cpu_weight(self.paths, cgroup.LOWEST_CPU_WEIGHT[self.paths.version])
+        except (OSError, cgroup.CgroupError):  # not ours to write (a read-only /sys/fs/cgroup): nothing overlaps it
+            return False
+        return True
+
+    def reclaim_cpu(self) -> None:
+        if self._yielded is None or self.paths is None:
+            return
+        try:
+            cgroup.set_cpu_weight(self.paths, self._yielded)
+        except (OSError, cgroup.CgroupError) as e:
+            raise SandboxError(f"the CPU weight of {self.name} could not be given back ({e})") from None
+        self._yielded = None
+
+    def oom_killed(self) -> bool:
+        got = self._final_state()
+        return not isinstance(got, str) and bool(got[0].get("OOMKilled"))
+
+    def how_it_ended(self) -> str:
+        got = self._final_state()
+        if isinstance(got, str):
+            return got
+        st, lagging = got
         parts = [f"status {st.get('Status')}", f"exit code {st.get('ExitCode')}", f"OOM-killed {bool(st.get('OOMKilled'))}"]
         if st.get("Error"):
             parts.append(f"engine error {str(st['Error'])[:120]!r}")
