@@ -34,11 +34,11 @@ from harness.engine.lanes import OPEN
 from harness.model.attempt import COUNTER_COLUMNS, AttemptRecord
 from harness.model.grade import MAX_VERDICT_BYTES, GradeResult
 from harness.model.profile import Profile
+from harness.model.errors import SandboxError
 from harness.model.run import RunRecord
 from harness.model.sandbox import INPUT_DIR, LOGS_DIR, TESTS_DIR, TRANSCRIPT_FILE, WORKDIR, Tree
 from harness.model.suite import Suite, Task
 from harness.model.units import MiB, format_size, utcnow
-from harness.model.errors import SandboxError
 from harness.sandbox.base import ROOT_CAPS, Command, Exported, ExportFile, Network, Sandbox, SandboxBackend, SandboxSpec
 from harness.sandbox.owners import LABEL_ATTEMPT, LABEL_RUN
 from harness.sandbox.finish import without_outward_links

@@ -640,6 +640,7 @@ def set_cpu_weight(paths: CgroupPaths, value: str) -> str:
         raise OSError(2, "no CPU weight file", f)
     _write(f, value)
     if (_read(f) or "").strip() != value:
+        _write(f, before.strip())  # as it was: a weight not read back is not left behind
         raise OSError(5, f"{f} did not read back as {value}")
     return before.strip()
 

@@ -14,7 +14,6 @@ from harness.model.units import utcnow
 from harness.store.records import REPORT_INDEX_COLS
 
 
-
 class Base(DeclarativeBase):
     pass
 
