@@ -122,12 +122,7 @@ def lean_type(fields: tuple[str, ...]) -> type:
 def attempt_record(row: dict[str, Any], url: str) -> AttemptRecord:
     """A stored row as a record, validated (~20 us): a store changed outside harness is a
     one-line StoreError here, not a traceback wherever a bad value is first used."""
-    for k in LISTS:
-        if row.get(k) is None:
-            row[k] = []
-    for k in DICTS:
-        if row.get(k) is None:
-            row[k] = {}
+    _empties(row, LISTS, DICTS)
     row["samples"] = []
     rec = validated(AttemptRecord, row, url, f"attempt {row.get('id')}")
     for k in ITEMS:
@@ -136,13 +131,18 @@ def attempt_record(row: dict[str, Any], url: str) -> AttemptRecord:
     return rec
 
 
-def run_record(row: dict[str, Any], url: str) -> RunRecord:
-    for k in RUN_LISTS:
+def _empties(row: dict[str, Any], lists: tuple[str, ...], dicts: tuple[str, ...]) -> None:
+    """NULL in a JSON column (a column added after the row was written) as its empty value."""
+    for k in lists:
         if row.get(k) is None:
             row[k] = []
-    for k in RUN_DICTS:
+    for k in dicts:
         if row.get(k) is None:
             row[k] = {}
+
+
+def run_record(row: dict[str, Any], url: str) -> RunRecord:
+    _empties(row, RUN_LISTS, RUN_DICTS)
     if row.get("task_overrides") is None:
         row["task_overrides"] = True
     for k in ("controller", "note", "suite_path", "artifacts_dir", "cgroup_version", "identity_hash", "image_digest", "agent_name"):
