@@ -230,3 +230,17 @@ def test_a_name_no_file_can_have_and_a_run_ref_that_is_not_text_are_one_line(tmp
     store.engine.dispose()
     res = runner.invoke(app, ["report", "r\udcff", "--db", url])
     assert res.exit_code == 2 and "not UTF-8 text" in res.output, res.output
+
+
+def test_a_store_named_with_a_hash_is_read_read_only_by_its_own_name(tmp_path):
+    """A '#' is a character of a file name, never an SQLite URI fragment: the store read the
+    file before it ('a'), creating it empty, and called the real store no harness database
+    (found by a new-user helper)."""
+    run, atts = random_run(random.Random(29), 7)
+    store, _ = _stored(tmp_path, run, atts, name="plain")
+    store.engine.dispose()
+    (tmp_path / "a#b.db").write_bytes((tmp_path / "plain.db").read_bytes())
+    res = runner.invoke(app, ["report", run.id, "--format", "json", "--db", f"sqlite:///{tmp_path}/a#b.db"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["run"]["id"] == run.id
+    assert not (tmp_path / "a").exists()

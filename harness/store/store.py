@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
@@ -25,6 +26,7 @@ from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text, ca
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from harness.model.attempt import AttemptRecord
 from harness.model.counters import Sample
@@ -80,6 +82,7 @@ class Store:
         url = url or default_url()
         path = sqlite_path(url)
         engine_url = url
+        ro_uri: str | None = None
         if path is not None:
             try:
                 path.exists()
@@ -91,7 +94,9 @@ class Store:
             if mode == "ro":
                 if not path.exists():
                     raise StoreError(f"no harness database at {path}; run `harness run --suite refunds` first or pass --db{url_hint(url)}")
-                engine_url = f"sqlite:///file:{path}?mode=ro&uri=true"
+                # opened by its own URI (the name escaped: a '#' or '%' in it is a character of
+                # the name, not a fragment or an escape), read-only: nothing is ever created
+                ro_uri = f"{path.absolute().as_uri()}?mode=ro"
             elif is_default_store(path):  # the default store: its folder is ours to make
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +106,11 @@ class Store:
                 raise StoreError(f"database {url}: folder {path.parent} does not exist; create it first "
                                  f"(mkdir -p {path.parent}) or fix the path{url_hint(url)}")
         try:
-            engine = create_engine(engine_url)
+            if ro_uri is not None:
+                engine = create_engine("sqlite://", poolclass=NullPool,
+                                       creator=lambda: sqlite3.connect(ro_uri, uri=True, check_same_thread=False))
+            else:
+                engine = create_engine(engine_url)
         except (SQLAlchemyError, ImportError, ValueError) as e:
             raise StoreError(f"cannot use database URL {url!r}: {e}{url_hint(url)}") from None
         if engine.dialect.name == "sqlite":
