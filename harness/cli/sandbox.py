@@ -78,7 +78,8 @@ def sandbox_exec(
     """Run one command as one attempt in a fresh pinned container and print its record.
 
     The record: exit code, wall time, timed_out, cgroup counters, host contention, and the
-    envelope read back from the kernel.
+    envelope read back from the kernel. The command starts with the container (no exec), as
+    the workload's uid with no capabilities; its counters cover the container's whole life.
 
     Examples:
 
@@ -158,6 +159,8 @@ def sandbox_exec(
         raise typer.Exit(EXIT_INFRA)
     if res.kind == "timeout":
         raise typer.Exit(124)  # like timeout(1)
+    if res.kind == "oom_killed":
+        raise typer.Exit(res.exec.exit_code or 137)  # 137 also where its status was lost with its container
     if res.exec is not None and res.exec.exit_code:
         raise typer.Exit(res.exec.exit_code)  # the command's own status (137 after an OOM kill)
 

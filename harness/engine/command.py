@@ -15,13 +15,12 @@ def run_command(backend: SandboxBackend, image: str, profile: Profile, cpuset: l
     """Run ``cmd`` in a fresh sandbox and return its record."""
     sb = backend.sandbox(SandboxSpec(image=image, profile=profile, cpuset=cpuset, labels=labels or {}))
     try:
-        try:
-            sb.start()
+        try:  # the command starts with the sandbox where the backend can do that (no exec)
+            m = sb.run_once(cmd, timeout=profile.timeouts.agent if timeout is None else timeout, env=env)
         except Exception as e:
-            return AttemptResult(container=sb.name, image=image, profile=profile.name, cpuset=cpuset, kind="infra_error", error=str(e))
-        try:
-            m = sb.measured_exec(cmd, timeout=profile.timeouts.agent if timeout is None else timeout, env=env)
-        except Exception as e:  # a host reading failed, the engine went away
+            if sb.envelope is None:  # it never started
+                return AttemptResult(container=sb.name, image=image, profile=profile.name, cpuset=cpuset, kind="infra_error", error=str(e))
+            # a host reading failed, the engine went away
             return AttemptResult(container=sb.name, image=image, profile=profile.name, cpuset=cpuset, kind="infra_error",
                                  envelope=sb.envelope, error=f"{type(e).__name__}: {str(e)[:300]}")
         return AttemptResult(

@@ -115,6 +115,12 @@ class Sandbox(ABC):
                       workdir: str | None = None, also: list["Sandbox"] | None = None) -> Measured:
         """``exec`` under the monitor; ``also``: services on the same cores, read at the same instants."""
 
+    def run_once(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> Measured:
+        """Start the sandbox with ``cmd`` as its one workload and measure it; a backend that can
+        start the command with the sandbox (no exec) does so."""
+        self.start()
+        return self.measured_exec(cmd, timeout, env=env)
+
     @abstractmethod
     def snapshot(self) -> CgroupSnapshot | None:
         """The sandbox's cgroup counters now (None if unreadable)."""

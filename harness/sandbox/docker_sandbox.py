@@ -4,7 +4,9 @@ A *workload sandbox* is kept alive by a sleeping init (``docker-init`` running `
 infinity`` as an unprivileged keeper uid); every workload runs with ``exec`` so the
 controller can read the container's cgroup counters *before* the container stops (its
 cgroup vanishes with it), kill a whole process tree on timeout while keeping the container,
-grade the final state inside it, and copy files out before removal. A *service* runs its own
+grade the final state inside it, and copy files out before removal. A sandbox whose only
+workload is one command (``run_once``: ``harness sandbox exec``) starts it with the container
+instead, under the same keeper (``harness.sandbox.launcher``). A *service* runs its own
 command and stays up until the attempt removes it.
 
 Files go in through read-only bind mounts of fresh host folders: ``/harness/in`` (the
@@ -37,6 +39,7 @@ from typing import Any, Iterable
 import docker
 import docker.errors
 import requests
+from docker.models.containers import _create_container_args
 
 from harness.core.envelope import check_envelope
 from harness.measure import cgroup
@@ -46,7 +49,7 @@ from harness.model.counters import CgroupLimits, CgroupSnapshot, CounterDelta, H
 from harness.model.errors import EngineError, SandboxError
 from harness.model.sandbox import GRADE_DIR, INPUT_DIR, WORKDIR, EnvelopeCheck, ExecResult
 from harness.model.units import format_size, printable_line
-from harness.sandbox import seccomp
+from harness.sandbox import launcher, seccomp
 from harness.sandbox.base import Command, Exported, ExportFile, Measured, Sandbox, SandboxSpec, Tree
 from harness.sandbox.finish import FINISH, check_names, finish_spec, read_archive, read_finish_stream, stream_limit
 from harness.sandbox.owners import HOSTS, LABEL, LABEL_HOST, LABEL_OWNER, LiveRegistry, controller_host, input_folder
@@ -291,10 +294,10 @@ class _Pump:
                 del tail[:len(tail) - self._tail_cap]
 
     def kept(self, key: str) -> tuple[bytes, int]:
-        """(the bytes kept, how many were dropped between head and tail) of a stream."""
+        """(the bytes kept, how many were dropped between head and tail) of a stream: all of it
+        up to the cap, else its head and its last ``cap // 2`` bytes."""
         head, tail = bytes(self.bufs[key]), bytes(self.tails[key])
-        dropped = self.counts[key] - len(head) - len(tail)
-        if dropped <= 0:
+        if self.counts[key] <= self._cap:
             return head + tail, 0
         tail = tail[-self._tail_cap:] if self._tail_cap else b""
         return head + tail, self.counts[key] - len(head) - len(tail)
@@ -303,6 +306,16 @@ class _Pump:
         with self._lock:
             self._closed = True
             return self.kept("out"), self.kept("err"), dict(self.counts), self.error
+
+
+def _rendered(b: bytes, cut: int, cap: int, raw: bool = False) -> tuple[str, bool]:
+    """(text, truncated) of one kept stream: where ``cut`` bytes were dropped, a marker says so."""
+    if not cut or raw:
+        return b.decode("utf-8", errors="replace"), False
+    at = len(b) - (cap // 2)  # where the dropped middle was
+    head, tail = b[:at].decode("utf-8", errors="replace"), b[at:].decode("utf-8", errors="replace")
+    return (f"{head}\n[harness: truncated, {cut} bytes dropped here; cap {format_size(cap)}: "
+            f"its first and last halves kept]\n{tail}"), True
 
 
 _DATA_DEVICE: dict[int, tuple[str, str] | None] = {}
@@ -339,6 +352,81 @@ def data_device(client: Any) -> tuple[str, str] | None:
     return _DATA_DEVICE[key]
 
 
+# run_once starts a lone command with its container (harness.sandbox.launcher); HARNESS_ONESHOT=0
+# runs it through exec as every other workload (for comparison)
+ONESHOT = os.environ.get("HARNESS_ONESHOT", "1") != "0"
+_NO_LAUNCHER: set[str] = set()  # images (in this process) found without the launcher's tools
+
+
+class _NoLauncher(Exception):
+    """The launcher could not run in this image (``lacks``: it said it lacks its tools)."""
+
+    def __init__(self, image: str, lacks: bool = True):
+        super().__init__(image)
+        self.lacks = lacks
+
+
+@functools.lru_cache(maxsize=64)
+def _image_sets_home(client: Any, image: str) -> bool:
+    try:
+        env = client.api.inspect_image(image)["Config"].get("Env") or []
+    except (docker.errors.DockerException, requests.RequestException, KeyError, TypeError):
+        return False
+    return any(str(e).startswith("HOME=") for e in env)
+
+
+def _at_birth(first: CgroupSnapshot, t: float) -> CgroupSnapshot:
+    """The counters of a cgroup at its creation, at time ``t``: every count zero (where the
+    first reading has it at all), so a delta from it covers the cgroup's whole life."""
+    zero = {k: 0 for k, v in first.model_dump().items() if isinstance(v, int) and k != "t"}
+    for k in ("psi_cpu", "psi_memory", "psi_io"):
+        psi = getattr(first, k)
+        if psi is not None:
+            zero[k] = psi.model_copy(update={"some_us": 0, "full_us": None if psi.full_us is None else 0})
+    return first.model_copy(update={**zero, "t": t})
+
+
+class _Once:
+    """One command started with its container: what the launcher is given, and what it started."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None):
+        self.cmd = list(cmd)
+        self.env = dict(env or {})
+        self.stream: Any = None  # the container's attach stream, opened before it starts
+        self.t0: float | None = None  # right before the engine starts it: the counters' window
+        self.started: float | None = None  # once the engine has started it
+        self.host0: Any = None
+        self.workload: int | None = None  # host pid of the command
+
+    def kwargs(self, sb: "DockerSandbox", kw: dict[str, Any]) -> dict[str, Any]:
+        env = {**(kw.get("environment") or {}), **self.env}
+        # a HOME as the engine would give an exec under the workload's uid (its passwd entry),
+        # unless the image or the caller set one: the container itself starts as root
+        set_home = "HOME" not in env and not _image_sets_home(sb.client, sb.image)
+        argv = launcher.argv(sb.user, keeper_user(sb.user).split(":")[0], set_home, env, self.cmd)
+        assert sb._folder is not None  # an isolated sandbox has one (its /etc/hosts)
+        folder = sb._folder / "launch"
+        folder.mkdir(mode=0o755)
+        (folder / launcher.ENV).symlink_to("/usr/bin/env")  # resolved in the container
+        volumes = {**kw["volumes"], str(folder): {"bind": launcher.FOLDER, "mode": "ro"}}
+        return dict(entrypoint=argv[:-len(self.cmd)], command=self.cmd, user=ROOT, init=True, cap_add=launcher.CAPS,
+                    working_dir=sb._workdir(), environment=env or None, volumes=volumes)
+
+    def create_start(self, sb: "DockerSandbox", kw: dict[str, Any]) -> Any:
+        api = sb.client.api
+        # containers.create's own conversion of run()'s arguments, without the inspect it makes
+        # after (the start below is followed by one anyway)
+        args = _create_container_args({**{k: v for k, v in kw.items() if k != "detach"}, "image": sb.image, "version": api._version})
+        c = sb.client.containers.prepare_model({"Id": api.create_container(**args)["Id"]})
+        sb.container = c  # a failed attach or start still finds it to remove
+        self.stream = sb.client.api.attach(c.id, stdout=True, stderr=True, stream=True, demux=True)
+        self.t0 = time.monotonic()
+        self.host0 = hoststats.read_host_snapshot(self.t0)
+        c.start()
+        self.started = time.monotonic()  # the command's clock: its wall and its timeout
+        return c
+
+
 class DockerSandbox(Sandbox):
     """One container under one envelope (see the module docstring)."""
 
@@ -360,6 +448,7 @@ class DockerSandbox(Sandbox):
         self._late: dict[str, Path] = {}
         self._keep_pids: set[int] = set()
         self._removed = False
+        self._halted = False  # halt() saw every process of it end
         self._yielded: str | None = None  # the CPU weight it had before yield_cpu()
         # start and remove exclude each other: a removal asked for while the container is
         # being created (Ctrl-C) waits for it, so it always finds the container it must remove
@@ -482,7 +571,7 @@ class DockerSandbox(Sandbox):
         """No network at all (the profile's ``none``): loopback only, /etc/hosts ours."""
         return not self.spec.network and not self.spec.egress
 
-    def _start(self) -> None:
+    def _start(self, once: "_Once | None" = None) -> None:
         p = self.profile
         LIVE.add(self.name, self)
         try:
@@ -492,9 +581,11 @@ class DockerSandbox(Sandbox):
             raise
         self.storage_note: str | None = None
         kw = self._run_kwargs(volumes)
+        if once is not None:
+            kw.update(once.kwargs(self, kw))
         try:
             try:
-                self.container = self.client.containers.run(self.image, **kw)
+                self.container = self.client.containers.run(self.image, **kw) if once is None else once.create_start(self, kw)
             except docker.errors.APIError as e:
                 if "storage_opt" not in kw or "storage" not in str(e).lower() and "quota" not in str(e).lower():
                     raise
@@ -511,9 +602,14 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"image {self.image} not found; build it with `make images`") from None
         except (docker.errors.DockerException, requests.RequestException) as e:
             self.remove()
+            if once is not None and once.started is None:  # its launcher never ran (no /bin/sh?): nothing did
+                raise _NoLauncher(self.image) from None
             raise SandboxError(f"engine refused to start a container from {self.image}: {str(e)[:300]}") from None
         if not self.pid:
+            ended = (self.container.attrs.get("State") or {}).get("ExitCode")
             self.remove()
+            if once is not None:  # its launcher ended before the keeper had the command: it never ran
+                raise _NoLauncher(self.image, ended == launcher.NO_LAUNCHER)
             raise SandboxError(f"container {self.name} did not start (State.Pid is 0): {self.logs_tail()}")
         try:
             self.paths = cgroup.locate(self.pid)
@@ -523,12 +619,45 @@ class DockerSandbox(Sandbox):
             applied = None
         dev = data_device(self.client) if p.io_read_bps is not None or p.io_write_bps is not None else None
         self.envelope = check_envelope(p, self.cpuset, applied, dev[1] if dev else None)
-        # the init and its sleeping child survive kill_tree(); everything else is the workload
-        self._keep_pids = {self.pid, self._keeper()} if not self.service else set()
+        if once is not None:
+            # the init's child becomes the keeper; the workload is its fork, found before the
+            # keeper is spared from the OOM killer (a fork made after would inherit that)
+            keeper, once.workload = self._launched()
+            self._keep_pids = {self.pid, keeper}
+        else:
+            # the init and its sleeping child survive kill_tree(); everything else is the workload
+            self._keep_pids = {self.pid, self._keeper()} if not self.service else set()
         self._spare_from_oom_killer()
         if self.spec.writable_root:
             for at, files in self.spec.trees.items():
                 self.put_tree(at, files)
+
+    def _launched(self) -> tuple[int, int]:
+        """(keeper, workload) host pids of a one-shot container (``harness.sandbox.launcher``),
+        once the init's child has forked the workload and become the keeper. Raises
+        ``_NoLauncher`` when the image lacks the launcher's tools."""
+        if self.paths is None and _is_running(self.pid):  # (an init already gone says why below)
+            self.remove()
+            raise SandboxError(f"container {self.name}: its processes cannot be seen from here (a remote engine?)")
+        deadline = time.monotonic() + KEEPER_WAIT_S
+        while True:
+            kids = self._children(self.pid)
+            pid = launcher.workload_of(kids[0]) if kids else None
+            if pid is not None:
+                return kids[0], pid
+            init_gone = not _is_running(self.pid)
+            if init_gone or time.monotonic() > deadline:
+                got = self._final_state()
+                st = got[0] if not isinstance(got, str) else {}
+                ended = self.how_it_ended() or "no word from its engine"
+                self.remove()
+                if init_gone and not st.get("OOMKilled"):
+                    # the init ended before its keeper carried the command's pid: the launcher
+                    # could not run here (the command, if it was forked at all, had no keeper
+                    # and ended with the init within milliseconds)
+                    raise _NoLauncher(self.image, st.get("ExitCode") == launcher.NO_LAUNCHER)
+                raise SandboxError(f"container {self.name}: its launcher started no command ({ended})")
+            time.sleep(0.0005)
 
     def _keeper(self) -> int:
         """The pid of the init's one child, ``sleep infinity``, once the init has forked it.
@@ -594,6 +723,13 @@ class DockerSandbox(Sandbox):
         if self._removed:
             return True
         gone = False
+        if self._halted and self.container is not None:
+            # halted from the host: once the engine has recorded the exit, removal is a plain
+            # one (a forced removal of a container it still calls running kills and waits again)
+            try:
+                self.client.api.wait(self.container.id, timeout=2)
+            except Exception:  # still running after all, gone, the engine slow or away: removal decides
+                pass
         for delay in (0.0, 0.2, 0.5, 1.0):
             time.sleep(delay)
             try:
@@ -845,6 +981,7 @@ class DockerSandbox(Sandbox):
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(0.002)
+            self._halted = True
             return True
 
     def healthy(self, cmd: list[str] | None, timeout: float, stop: Any = None) -> str | None:
@@ -879,7 +1016,7 @@ class DockerSandbox(Sandbox):
         (its exit is watched through a pidfd; where none can be had, the engine is asked every
         50 ms), so nothing it started can change the state after it ended."""
         cap = self.profile.output_cap if cap is None else cap
-        workdir = workdir or self.spec.workdir or (WORKDIR if WORKDIR in self.profile.tmpfs and not self.spec.writable_root else "/tmp")
+        workdir = workdir or self._workdir()
         user = self.user if user is None else user
         api = self.client.api
         t0 = time.monotonic()
@@ -954,16 +1091,8 @@ class DockerSandbox(Sandbox):
             return ExecResult(cmd=cmd, exit_code=exit_code, wall_s=round(wall, 4), stderr=why + "\n",
                               stderr_bytes=len(why.encode()) + 1, start_error=why)
 
-        def text(key: str, b: bytes, cut: int) -> tuple[str, bool]:
-            if not cut or (key == "out" and on_stdout):
-                return b.decode("utf-8", errors="replace"), False
-            at = len(b) - (cap // 2)  # where the dropped middle was
-            head, tail = b[:at].decode("utf-8", errors="replace"), b[at:].decode("utf-8", errors="replace")
-            return (f"{head}\n[harness: truncated, {cut} bytes dropped here; cap {format_size(cap)}: "
-                    f"its first and last halves kept]\n{tail}"), True
-
-        out, out_tr = text("out", out_b, out_cut)
-        err, err_tr = text("err", err_b, err_cut)
+        out, out_tr = _rendered(out_b, out_cut, cap, raw=bool(on_stdout))
+        err, err_tr = _rendered(err_b, err_cut, cap)
         if error is not None and exit_code is None:
             err += f"\n[harness: output stream broke: {type(error).__name__}: {str(error)[:200]}]"
         return ExecResult(
@@ -1021,16 +1150,24 @@ class DockerSandbox(Sandbox):
         host0 = hoststats.read_host_snapshot(t0)
         svc0 = [s.snapshot() for s in also]
         cg0 = self.snapshot()
-        mon = None
-        if cg0 is not None and self._reader is not None:
-            reader = self._reader
-            mon = Monitor(reader, self.cpuset, self.profile.sample_hz)
-            mon.start(t0, host0, cg0)
+        mon = self._monitor(t0, host0, cg0)
         try:
             res = self.exec(cmd, timeout=timeout, env=env, workdir=workdir, stop_at_exit=True)
         finally:
             if mon:
                 mon.stop()
+        return self._accounted(res, mon, host0, cg0, also, svc0)
+
+    def _monitor(self, t0: float, host0: Any, cg0: CgroupSnapshot | None) -> Monitor | None:
+        if cg0 is None or self._reader is None:
+            return None
+        mon = Monitor(self._reader, self.cpuset, self.profile.sample_hz)
+        mon.start(t0, host0, cg0)
+        return mon
+
+    def _accounted(self, res: ExecResult, mon: Monitor | None, host0: Any, cg0: CgroupSnapshot | None,
+                   also: list["DockerSandbox"], svc0: list[CgroupSnapshot | None]) -> Measured:
+        """The second readings, right after the command, and what lay between them and the first."""
         cg1 = self.snapshot()
         svc1 = [s.snapshot() for s in also]
         host1 = hoststats.read_host_snapshot(time.monotonic())
@@ -1046,6 +1183,113 @@ class DockerSandbox(Sandbox):
                 host = host.model_copy(update={"monitor_stall_s": round(mon.stall_s, 3)})
         return Measured(result=res, counters=counters, host=host, samples=mon.samples if mon else [],
                         monitor_errors=mon.errors if mon else 0, services=services)
+
+    # -- one command, started with the container ---------------------------------
+    def _workdir(self) -> str:
+        return self.spec.workdir or (WORKDIR if WORKDIR in self.profile.tmpfs and not self.spec.writable_root else "/tmp")
+
+    def run_once(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> Measured:
+        """Start the sandbox with ``cmd`` as its workload, measured as ``measured_exec`` measures
+        it, without an exec (``harness.sandbox.launcher``): the counters cover the cgroup from
+        its birth, the launcher's few milliseconds included. Where the launcher cannot serve (a
+        service, a writable root, added capabilities, a user given by name, an image without
+        its tools), the sandbox starts as usual and the command runs through ``measured_exec``."""
+        if not self._once_serves(cmd):
+            return super().run_once(cmd, timeout, env)
+        once = _Once(cmd, env)
+        with self._lock:
+            if self._removed:
+                raise SandboxError(f"sandbox {self.name} was removed before it started")
+            try:
+                self._start(once)
+            except _NoLauncher as e:  # the command never ran: it runs through exec instead
+                if e.lacks:
+                    _NO_LAUNCHER.add(self.image)
+                self._renew()
+                self._start()
+                once = None
+        if once is None:
+            return self.measured_exec(cmd, timeout, env=env)
+        return self._measure_once(once, timeout)
+
+    def _once_serves(self, cmd: list[str]) -> bool:
+        return (ONESHOT and not self.service and self.isolated and not self.spec.writable_root and not self.spec.caps
+                and hasattr(os, "pidfd_open") and self.image not in _NO_LAUNCHER and launcher.eligible(self.user, cmd))
+
+    def _renew(self) -> None:
+        """A removed sandbox made new again, under a new name (its one-shot start found no launcher)."""
+        self.name = f"harness-{uuid.uuid4().hex[:12]}"
+        self.container, self.pid, self.paths, self.envelope, self._reader = None, None, None, None, None
+        self._keep_pids, self._removed, self._halted = set(), False, False
+
+    @staticmethod
+    def _ended_within(pid: int, until: float) -> bool:
+        """Whether process ``pid`` (every thread of it) has exited by ``until``: seen through a
+        pidfd the moment it happens, or, where none can be had, read from the kernel every 20 ms."""
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            while not (launcher.exit_status(pid) is not None and not _is_running(pid)):
+                if time.monotonic() >= until:
+                    return False
+                time.sleep(0.02)
+            return True
+        try:
+            return _gone_within(fd, max(0.0, until - time.monotonic()))
+        finally:
+            os.close(fd)
+
+    def _measure_once(self, once: "_Once", timeout: float) -> Measured:
+        assert once.stream is not None and once.workload is not None and once.t0 is not None
+        cap = self.profile.output_cap
+        pump = _Pump(once.stream, cap).start()
+        t0 = once.t0
+        first = self.snapshot()
+        cg0 = _at_birth(first, t0) if first is not None else None
+        mon = self._monitor(t0, once.host0, cg0)
+        timed_out = False
+        exited_at: float | None = None
+        started = once.started or t0
+        try:
+            if self._ended_within(once.workload, started + timeout):
+                exited_at = time.monotonic()
+            else:
+                timed_out = True
+                self.kill_tree()
+                self._ended_within(once.workload, time.monotonic() + 5.0)
+            self.kill_tree()  # whatever it left running ends with it, before the second reading
+        finally:
+            if mon:
+                mon.stop()
+        ended = launcher.exit_status(once.workload)
+        exit_code = launcher.exit_code(ended[1]) if ended else None
+        why = launcher.never_started(ended[0], exit_code, once.cmd) if ended and exit_code is not None else None
+        wall = (exited_at or time.monotonic()) - started
+        measured = self._accounted(ExecResult(cmd=once.cmd, exit_code=None, wall_s=0.0), mon, once.host0, cg0, [], [])
+        # the keeper holds the command's status until the init ends: where it did not (the
+        # memory ceiling took the keeper, a controller without CAP_SYS_RESOURCE cannot spare it),
+        # the status went with it, and the record says so
+        lost = None if ended else f"[harness: the command's exit status was lost: {self.how_it_ended() or 'the container ended'}]"
+        self.halt()  # the engine ends the attach stream once the container has exited
+        pump.thread.join(timeout=5)
+        (out_b, out_cut), (err_b, err_cut), counts, error = pump.close()
+        if why is not None:
+            res = ExecResult(cmd=once.cmd, exit_code=exit_code, wall_s=round(wall, 4), stderr=why + "\n",
+                             stderr_bytes=len(why.encode()) + 1, start_error=why)
+        else:
+            out, out_tr = _rendered(out_b, out_cut, cap)
+            err, err_tr = _rendered(err_b, err_cut, cap)
+            if error is not None or pump.thread.is_alive():
+                err += f"\n[harness: output stream {'broke: ' + type(error).__name__ if error else 'did not end'}]"
+            if lost:
+                err += ("\n" if err and not err.endswith("\n") else "") + lost
+            res = ExecResult(cmd=once.cmd, exit_code=exit_code, timed_out=timed_out, wall_s=round(wall, 4),
+                             stdout=out, stderr=err, stdout_bytes=counts["out"], stderr_bytes=counts["err"],
+                             stdout_truncated=out_tr, stderr_truncated=err_tr)
+        measured.result = res
+        return measured
 
     # -- files out -------------------------------------------------------------
     def export(self, files: Iterable[ExportFile], timeout: float, dest: Path, then: Command | None = None,

@@ -51,7 +51,7 @@ main() {
   # HARNESS_GUEST_PYTEST is split into words on purpose (extra pytest arguments, e.g. -x)
   # shellcheck disable=SC2086
   python -m pytest -p no:cacheprovider -q -rA --junitxml=/mnt/out/junit.xml -o junit_suite_name=cgroup2-guest \
-      tests/test_cgroup_parse.py tests/test_hoststats.py tests/test_sandbox_docker.py tests/guest \
+      tests/test_cgroup_parse.py tests/test_hoststats.py tests/test_sandbox_docker.py tests/test_oneshot_docker.py tests/guest \
       $HARNESS_GUEST_PYTEST
   rc=$?
   say "pytest exit $rc"
@@ -68,7 +68,8 @@ main() {
       tests/test_cgroup_parse.py::test_live_docker_container_limits_read_back \
       tests/test_sandbox_docker.py::test_limits_read_back_equal_the_profile \
       tests/test_sandbox_docker.py::test_oom_is_recorded_from_the_kernel_not_the_exit_code \
-      tests/test_sandbox_docker.py::test_half_cpu_quota_throttles_about_half_the_wall_time
+      tests/test_sandbox_docker.py::test_half_cpu_quota_throttles_about_half_the_wall_time \
+      tests/test_oneshot_docker.py::test_exit_statuses_output_and_counters_are_the_commands
   rc2=$?
   say "pytest (cgroupfs driver) exit $rc2"
   [ "$rc" = 0 ] || return $rc
