@@ -23,11 +23,12 @@ from harness.model.sandbox import ExecResult
 UNCHARGED = ("interrupted",)
 
 
-def classify_command(exec_result: ExecResult | None, oom_kills: int | None) -> str:
+def classify_command(exec_result: ExecResult | None, oom_kills: int | None, engine_oom: bool = False) -> str:
     """ok, crashed, timeout, oom_killed or infra_error for one finished command. The kernel's
     OOM count decides first: a command the memory ceiling took is its own failure even where
-    its exit status was lost with the container (its keeper taken by the same ceiling)."""
-    if (oom_kills or 0) > 0 and exec_result is not None:
+    its exit status was lost with the container (its keeper taken by the same ceiling), and
+    where the cgroup went before it was read, the engine's word that the ceiling ended it."""
+    if ((oom_kills or 0) > 0 or engine_oom) and exec_result is not None:
         return "oom_killed"
     if exec_result is None or exec_result.exit_code is None and not exec_result.timed_out:
         return "infra_error"

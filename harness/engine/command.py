@@ -25,7 +25,7 @@ def run_command(backend: SandboxBackend, image: str, profile: Profile, cpuset: l
                                  envelope=sb.envelope, error=f"{type(e).__name__}: {str(e)[:300]}")
         return AttemptResult(
             container=sb.name, image=image, profile=profile.name, cpuset=cpuset, exec=m.result,
-            kind=classify_command(m.result, m.counters.oom_kills if m.counters else None),
+            kind=classify_command(m.result, m.counters.oom_kills if m.counters else None, m.engine_oom),
             envelope=sb.envelope, counters=m.counters, host=m.host, samples=m.samples,
         )
     finally:

@@ -65,6 +65,7 @@ class Measured:
     samples: list[Sample]
     monitor_errors: int = 0
     services: dict[str, CounterDelta | None] = field(default_factory=dict)  # services on the same cores, same instants
+    engine_oom: bool = False  # the container ended before it was read, and the engine says the memory ceiling ended it
 
 
 @dataclass(frozen=True)

@@ -358,6 +358,14 @@ ONESHOT = os.environ.get("HARNESS_ONESHOT", "1") != "0"
 _NO_LAUNCHER: set[str] = set()  # images (in this process) found without the launcher's tools
 
 
+class _NeverStarted(Exception):
+    """The launcher found the command missing or not executable, before its fork (``code``)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
 class _NoLauncher(Exception):
     """The launcher could not run in this image (``lacks``: it said it lacks its tools)."""
 
@@ -404,13 +412,8 @@ class _Once:
         # unless the image or the caller set one: the container itself starts as root
         set_home = "HOME" not in env and not _image_sets_home(sb.client, sb.image)
         argv = launcher.argv(sb.user, keeper_user(sb.user).split(":")[0], set_home, env, self.cmd)
-        assert sb._folder is not None  # an isolated sandbox has one (its /etc/hosts)
-        folder = sb._folder / "launch"
-        folder.mkdir(mode=0o755)
-        (folder / launcher.ENV).symlink_to("/usr/bin/env")  # resolved in the container
-        volumes = {**kw["volumes"], str(folder): {"bind": launcher.FOLDER, "mode": "ro"}}
         return dict(entrypoint=argv[:-len(self.cmd)], command=self.cmd, user=ROOT, init=True, cap_add=launcher.CAPS,
-                    working_dir=sb._workdir(), environment=env or None, volumes=volumes)
+                    working_dir=sb._workdir(), environment=env or None)
 
     def create_start(self, sb: "DockerSandbox", kw: dict[str, Any]) -> Any:
         api = sb.client.api
@@ -603,13 +606,13 @@ class DockerSandbox(Sandbox):
         except (docker.errors.DockerException, requests.RequestException) as e:
             self.remove()
             if once is not None and once.started is None:  # its launcher never ran (no /bin/sh?): nothing did
-                raise _NoLauncher(self.image) from None
+                raise _NoLauncher(self.image, lacks=False) from None
             raise SandboxError(f"engine refused to start a container from {self.image}: {str(e)[:300]}") from None
         if not self.pid:
-            ended = (self.container.attrs.get("State") or {}).get("ExitCode")
+            st = self.container.attrs.get("State") or {}
             self.remove()
-            if once is not None:  # its launcher ended before the keeper had the command: it never ran
-                raise _NoLauncher(self.image, ended == launcher.NO_LAUNCHER)
+            if once is not None and not st.get("OOMKilled"):  # its launcher ended before the keeper had the command
+                self._launcher_ended(st.get("ExitCode"))
             raise SandboxError(f"container {self.name} did not start (State.Pid is 0): {self.logs_tail()}")
         try:
             self.paths = cgroup.locate(self.pid)
@@ -653,11 +656,16 @@ class DockerSandbox(Sandbox):
                 self.remove()
                 if init_gone and not st.get("OOMKilled"):
                     # the init ended before its keeper carried the command's pid: the launcher
-                    # could not run here (the command, if it was forked at all, had no keeper
-                    # and ended with the init within milliseconds)
-                    raise _NoLauncher(self.image, st.get("ExitCode") == launcher.NO_LAUNCHER)
+                    # stopped before its fork, or could not run here (the command, if it was
+                    # forked at all, had no keeper and ended with the init within milliseconds)
+                    self._launcher_ended(st.get("ExitCode"))
                 raise SandboxError(f"container {self.name}: its launcher started no command ({ended})")
             time.sleep(0.0005)
+
+    def _launcher_ended(self, code: Any) -> None:
+        if code in (launcher.NOT_FOUND, launcher.NOT_EXECUTABLE):
+            raise _NeverStarted(code)
+        raise _NoLauncher(self.image, code == launcher.NO_LAUNCHER)
 
     def _keeper(self) -> int:
         """The pid of the init's one child, ``sleep infinity``, once the init has forked it.
@@ -1202,6 +1210,11 @@ class DockerSandbox(Sandbox):
                 raise SandboxError(f"sandbox {self.name} was removed before it started")
             try:
                 self._start(once)
+            except _NeverStarted as e:  # the launcher's word, before any of the command's code ran
+                why = launcher.never_started(e.code, cmd) or ""
+                res = ExecResult(cmd=list(cmd), exit_code=127 if e.code == launcher.NOT_FOUND else 126, wall_s=0.0,
+                                 stderr=why + "\n", stderr_bytes=len(why.encode()) + 1, start_error=why)
+                return Measured(result=res, counters=None, host=None, samples=[])
             except _NoLauncher as e:  # the command never ran: it runs through exec instead
                 if e.lacks:
                     _NO_LAUNCHER.add(self.image)
@@ -1265,30 +1278,25 @@ class DockerSandbox(Sandbox):
                 mon.stop()
         ended = launcher.exit_status(once.workload)
         exit_code = launcher.exit_code(ended[1]) if ended else None
-        why = launcher.never_started(ended[0], exit_code, once.cmd) if ended and exit_code is not None else None
         wall = (exited_at or time.monotonic()) - started
         measured = self._accounted(ExecResult(cmd=once.cmd, exit_code=None, wall_s=0.0), mon, once.host0, cg0, [], [])
         # the keeper holds the command's status until the init ends: where it did not (the
         # memory ceiling took the keeper, a controller without CAP_SYS_RESOURCE cannot spare it),
         # the status went with it, and the record says so
         lost = None if ended else f"[harness: the command's exit status was lost: {self.how_it_ended() or 'the container ended'}]"
+        measured.engine_oom = not ended and self.oom_killed()
         self.halt()  # the engine ends the attach stream once the container has exited
         pump.thread.join(timeout=5)
         (out_b, out_cut), (err_b, err_cut), counts, error = pump.close()
-        if why is not None:
-            res = ExecResult(cmd=once.cmd, exit_code=exit_code, wall_s=round(wall, 4), stderr=why + "\n",
-                             stderr_bytes=len(why.encode()) + 1, start_error=why)
-        else:
-            out, out_tr = _rendered(out_b, out_cut, cap)
-            err, err_tr = _rendered(err_b, err_cut, cap)
-            if error is not None or pump.thread.is_alive():
-                err += f"\n[harness: output stream {'broke: ' + type(error).__name__ if error else 'did not end'}]"
-            if lost:
-                err += ("\n" if err and not err.endswith("\n") else "") + lost
-            res = ExecResult(cmd=once.cmd, exit_code=exit_code, timed_out=timed_out, wall_s=round(wall, 4),
-                             stdout=out, stderr=err, stdout_bytes=counts["out"], stderr_bytes=counts["err"],
-                             stdout_truncated=out_tr, stderr_truncated=err_tr)
-        measured.result = res
+        out, out_tr = _rendered(out_b, out_cut, cap)
+        err, err_tr = _rendered(err_b, err_cut, cap)
+        if error is not None or pump.thread.is_alive():
+            err += f"\n[harness: output stream {'broke: ' + type(error).__name__ if error else 'did not end'}]"
+        if lost:
+            err += ("\n" if err and not err.endswith("\n") else "") + lost
+        measured.result = ExecResult(cmd=once.cmd, exit_code=exit_code, timed_out=timed_out, wall_s=round(wall, 4),
+                                     stdout=out, stderr=err, stdout_bytes=counts["out"], stderr_bytes=counts["err"],
+                                     stdout_truncated=out_tr, stderr_truncated=err_tr)
         return measured
 
     # -- files out -------------------------------------------------------------

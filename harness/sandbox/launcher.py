@@ -13,8 +13,10 @@ the command stays a zombie once it exits: the controller sees the exit through a
 reads its status from the kernel (``/proc/PID/stat``), while the container, and so its
 cgroup and counters, stays up until the controller halts it.
 
-Nothing the workload writes is parsed: its status is the kernel's, its output the engine's
-attach stream, capped like an exec's."""
+Before its fork the launcher looks the command up as root with shell builtins (its PATH, or
+the path given): a command that is not there, or cannot be executed, is the launcher's exit
+status, which no code of the command's can forge. Nothing the workload writes is parsed: its
+status is the kernel's, its output the engine's attach stream, capped like an exec's."""
 
 from __future__ import annotations
 
@@ -25,23 +27,38 @@ from pathlib import Path
 from harness.model.units import printable_line
 
 # exits 99 before anything else runs where the image lacks what the launcher needs
-# (setpriv and setsid from util-linux, /usr/bin/env with --default-signal from coreutils
-# >= 8.31, sleep, a POSIX sh): the command then runs through exec as every other workload
+# (setpriv and setsid from util-linux, env with --default-signal from coreutils >= 8.31,
+# sleep, a POSIX sh): the command then runs through exec as every other workload
 NO_LAUNCHER = 99
-FOLDER = "/harness/launch"  # read-only: a link named ENV to the image's /usr/bin/env
-ENV = "harness-env"  # the process's name (comm) while env has not executed the command yet
+# exits NOT_FOUND / NOT_EXECUTABLE, before the fork, where the command is not in the sandbox
+# (not in its PATH, no such file) or cannot be executed (a directory, no execute bit): the
+# launcher's word, before any of the command's code has run, so the command cannot forge it
+NOT_FOUND, NOT_EXECUTABLE = 98, 97
 # Every tool is found in the image's system directories by the shell's builtins before the
 # fork (never through a PATH the command may write into: those run as root), and the shell's
 # variables are never exported, so the command's environment is the container's, less what
 # the shell itself sets (PWD, and IFS/OPTIND/PPID it resets), which the controller gives back.
-SCRIPT = r"""__hw=$1 __hk=$2 __hh=$3
-shift 3
+SCRIPT = r"""__hw=$1 __hk=$2 __hh=$3 __hb=$4
+shift 4
 for __hd in /usr/bin /bin /usr/sbin /sbin; do
   [ -n "$__hsp" ] || { [ -x "$__hd/setpriv" ] && __hsp=$__hd/setpriv; }
   [ -n "$__hss" ] || { [ -x "$__hd/setsid" ] && __hss=$__hd/setsid; }
   [ -n "$__hsl" ] || { [ -x "$__hd/sleep" ] && __hsl=$__hd/sleep; }
+  [ -n "$__hse" ] || { [ -x "$__hd/env" ] && __hse=$__hd/env; }
 done
-[ -n "$__hsp" ] && [ -n "$__hss" ] && [ -n "$__hsl" ] && /harness/launch/harness-env --default-signal=INT --version >/dev/null 2>&1 || exit 99
+[ -n "$__hsp" ] && [ -n "$__hss" ] && [ -n "$__hsl" ] && [ -n "$__hse" ] && "$__hse" --default-signal=INT --version >/dev/null 2>&1 || exit 99
+eval "__hc=\${$((__hb + 1))}"
+case $__hc in
+  */*) [ -e "$__hc" ] || exit 98
+       { [ -d "$__hc" ] || ! [ -x "$__hc" ]; } && exit 97 ;;
+  *) __hf= __hi=$IFS
+     IFS=:
+     for __hd in ${PATH-/bin:/usr/bin}; do
+       if [ -f "${__hd:-.}/$__hc" ] && [ -x "${__hd:-.}/$__hc" ]; then __hf=1; break; fi
+     done
+     IFS=$__hi
+     [ -n "$__hf" ] || exit 98 ;;
+esac
 __hu=${__hw%%:*} __hg=${__hw#*:} __hgr=--groups=${__hw#*:}
 if [ "$__hh" = 1 ]; then HOME=/; export HOME; fi
 if [ -r /etc/passwd ]; then
@@ -53,7 +70,7 @@ if [ -r /etc/passwd ]; then
     fi
   done </etc/passwd
 fi
-"$__hsp" --reuid="$__hu" --regid="$__hg" $__hgr --inh-caps=-all --bounding-set=-all -- "$__hss" /harness/launch/harness-env --default-signal=INT,QUIT __UNSET__ -- "$@" &
+"$__hsp" --reuid="$__hu" --regid="$__hg" $__hgr --inh-caps=-all --bounding-set=-all -- "$__hss" "$__hse" --default-signal=INT,QUIT __UNSET__ -- "$@" &
 exec "$__hsp" --reuid="$__hk" --regid="$__hk" --clear-groups --inh-caps=-all --bounding-set=-all -- "$__hsl" infinity "$!" </dev/null >/dev/null 2>&1
 """
 CAPS = ["SETUID", "SETGID", "SETPCAP"]
@@ -75,7 +92,7 @@ def argv(user: str, keeper_uid: str, set_home: bool, given: dict[str, str], cmd:
     the shell sets, resets or drops (a name no shell takes) are put back as ``env`` assignments
     before the command."""
     back = [f"{k}={v}" for k, v in given.items() if k in SHELL_SETS or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
-    return ["/bin/sh", "-c", SCRIPT, "harness-launch", user, keeper_uid, "1" if set_home else "0", *back, *cmd]
+    return ["/bin/sh", "-c", SCRIPT, "harness-launch", user, keeper_uid, "1" if set_home else "0", str(len(back)), *back, *cmd]
 
 
 def workload_of(keeper_pid: int) -> int | None:
@@ -123,15 +140,13 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def never_started(comm: str, code: int, cmd: list[str]) -> str | None:
-    """Why the command never ran, when the launcher's ``env`` could not execute it: its process
-    still bears the link's name (``ENV``; a program reached under another name, e.g. an ``env``
-    the command runs itself, is the command's), exit 127: not found, 126: found but not
-    executable; None when it ran."""
-    if comm != ENV or code not in (126, 127):
-        return None
+def never_started(code: int | None, cmd: list[str]) -> str | None:
+    """Why the command never ran, from the launcher's exit status before its fork (None when it
+    did not stop there)."""
     name = printable_line(cmd[0])
-    if code == 127:
+    if code == NOT_FOUND:
         where = "no such file" if "/" in cmd[0] else "executable file not found in $PATH"
         return f"command not found in the sandbox: {name} ({where})"
-    return f"command cannot be executed in the sandbox: {name} (permission denied, a directory, or a noexec mount)"
+    if code == NOT_EXECUTABLE:
+        return f"command cannot be executed in the sandbox: {name} (a directory, or no execute permission)"
+    return None
