@@ -3,8 +3,9 @@ container, without an ``exec`` (~35 ms of engine round trips and a runc exec per
 
 The container's init is ``docker-init``, as in every workload sandbox; its one child is
 ``sh`` as root with only SETUID, SETGID and SETPCAP. That shell forks the command under the
-workload's uid:gid with no capabilities and an empty bounding set (``setpriv``), resetting
-the SIGINT/SIGQUIT that the shell's ``&`` ignores (``env --default-signal``), then ``exec``s
+workload's uid:gid with no capabilities and an empty bounding set (``setpriv``), in a
+session of its own as an exec'd process has (``setsid``), resetting the SIGINT/SIGQUIT that
+the shell's ``&`` ignores (``env --default-signal``), then ``exec``s
 itself into the keeper: ``sleep infinity`` under the keeper uid, all capabilities gone, its
 output on /dev/null. From then on the container is an ``exec`` sandbox's: an init reaping
 orphans and a keeper of another uid than the workload's (it can neither signal nor ptrace
