@@ -652,7 +652,7 @@ class DockerSandbox(Sandbox):
             if init_gone or time.monotonic() > deadline:
                 got = self._final_state()
                 st = got[0] if not isinstance(got, str) else {}
-                ended = self.how_it_ended() or "no word from its engine"
+                ended = self.how_it_ended(got) or "no word from its engine"
                 self.remove()
                 if init_gone and not st.get("OOMKilled"):
                     # the init ended before its keeper carried the command's pid: the launcher
@@ -825,8 +825,9 @@ class DockerSandbox(Sandbox):
         got = self._final_state()
         return not isinstance(got, str) and bool(got[0].get("OOMKilled"))
 
-    def how_it_ended(self) -> str:
-        got = self._final_state()
+    def how_it_ended(self, got: tuple[dict[str, Any], bool] | str | None = None) -> str:
+        """The engine's account of the container's end (``got``: a ``_final_state()`` already read)."""
+        got = self._final_state() if got is None else got
         if isinstance(got, str):
             return got
         st, lagging = got
@@ -1276,15 +1277,18 @@ class DockerSandbox(Sandbox):
         finally:
             if mon:
                 mon.stop()
-        ended = launcher.exit_status(once.workload)
-        exit_code = launcher.exit_code(ended[1]) if ended else None
+        status = launcher.exit_status(once.workload)
+        exit_code = launcher.exit_code(status) if status is not None else None
         wall = (exited_at or time.monotonic()) - started
         measured = self._accounted(ExecResult(cmd=once.cmd, exit_code=None, wall_s=0.0), mon, once.host0, cg0, [], [])
         # the keeper holds the command's status until the init ends: where it did not (the
         # memory ceiling took the keeper, a controller without CAP_SYS_RESOURCE cannot spare it),
         # the status went with it, and the record says so
-        lost = None if ended else f"[harness: the command's exit status was lost: {self.how_it_ended() or 'the container ended'}]"
-        measured.engine_oom = not ended and self.oom_killed()
+        lost = None
+        if status is None:  # the engine's account, read once
+            got = self._final_state()
+            lost = f"[harness: the command's exit status was lost: {self.how_it_ended(got) or 'the container ended'}]"
+            measured.engine_oom = not isinstance(got, str) and bool(got[0].get("OOMKilled"))
         self.halt()  # the engine ends the attach stream once the container has exited
         pump.thread.join(timeout=5)
         (out_b, out_cut), (err_b, err_cut), counts, error = pump.close()

@@ -120,18 +120,17 @@ def workload_of(keeper_pid: int) -> int | None:
     return None
 
 
-def exit_status(pid: int) -> tuple[str, int] | None:
-    """(comm, wait status) of an exited process its parent has not reaped, from the kernel; None
+def exit_status(pid: int) -> int | None:
+    """The wait status of an exited process its parent has not reaped, from the kernel; None
     when it still runs or is gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    comm = raw[raw.find("(") + 1:raw.rfind(")")]
     fields = raw[raw.rfind(")") + 2:].split()
     if not fields or fields[0] != "Z":
         return None
-    return comm, int(fields[-1])
+    return int(fields[-1])
 
 
 def exit_code(status: int) -> int:
