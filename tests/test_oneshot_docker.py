@@ -22,7 +22,7 @@ from harness.sandbox.owners import LABEL
 pytestmark = pytest.mark.docker
 
 LOOK = ("python3 -c 'import os; [print(repr(k), repr(v)) for k, v in sorted(os.environ.items())]'; id; pwd; umask; ulimit -a; grep -E '^(Sig|Cap|NoNewPrivs|Seccomp|Groups)' /proc/self/status; "
-        "ls -ld \"$PWD\" /tmp; cat /proc/self/oom_score_adj; ps -o user=,args= -p 1 2>/dev/null || true")
+        "ls -ld \"$PWD\" /tmp; ls /proc/self/fd; cat /proc/self/oom_score_adj; ps -o user=,args= -p 1 2>/dev/null || true")
 
 
 def prof(**kw) -> Profile:
@@ -126,18 +126,21 @@ def test_a_timeout_kills_the_tree_and_what_it_left_running_ends_with_it(docker_c
 
 
 def test_the_command_cannot_reach_its_keeper(docker_client, trial_cpu):
-    """The init is the keeper: another uid, an init (signals from its namespace are dropped),
-    never reaping, so the command's status stays the kernel's to read."""
-    attack = ("kill -9 -1; kill -9 1; kill -STOP 1; kill -TERM 1; "
-              "cat /proc/1/environ >/dev/null 2>&1 && echo read-keeper; "
-              "python3 -c 'import ctypes; l=ctypes.CDLL(None); print(\"ptrace\", l.ptrace(16, 1, 0, 0))'; "
+    """The init and the keeper are root, the command is not: it can neither signal nor ptrace
+    them, nor reach the stdin the keeper blocks on (its own stdin is /dev/null, as under exec),
+    so the keeper never reaps it and the command's status stays the kernel's to read."""
+    attack = ("kill -9 -1; for p in 1 2 3; do kill -9 $p; kill -STOP $p; kill -TERM $p; kill -CONT $p; done; "
+              "for p in 1 2 3; do for f in 0 3; do echo x >/proc/$p/fd/$f && echo wrote-$p-$f; done; done 2>/dev/null; "
+              "cat /proc/1/environ /proc/3/environ >/dev/null 2>&1 && echo read-keeper; "
+              "cat; echo stdin-empty; "
+              "python3 -c 'import ctypes; l=ctypes.CDLL(None); print(\"ptrace\", [l.ptrace(16, p, 0, 0) for p in (1, 2, 3)])'; "
               "sleep 0.3; echo alive")
-    m, _ = once(docker_client, trial_cpu, ["sh", "-c", attack])
+    m, _ = once(docker_client, trial_cpu, ["sh", "-c", attack], timeout=20)
     r = m.result
     # kill -1 reaches every process but the caller and the init: the container stays up, so the
     # command's end is measured and its status is the kernel's
-    assert r.exit_code == 0 and r.stdout.endswith("alive\n") and m.counters is not None
-    assert "read-keeper" not in r.stdout and "ptrace -1" in r.stdout
+    assert r.exit_code == 0 and r.stdout.endswith("stdin-empty\nptrace [-1, -1, -1]\nalive\n") and m.counters is not None
+    assert "read-keeper" not in r.stdout and "wrote-" not in r.stdout and not r.timed_out
 
 
 def test_orphans_are_reaped_as_under_exec(docker_client, trial_cpu):
@@ -250,3 +253,59 @@ def test_an_image_without_a_shell_runs_the_command_through_exec(docker_client, t
     finally:
         docker_sandbox._NO_LAUNCHER.discard(tag)
         docker_client.images.remove(tag, force=True)
+
+
+def _image(client, tag: str, run: str) -> None:
+    client.images.build(fileobj=io.BytesIO(f"FROM harness/sandbox:latest\nUSER 0\nRUN {run}\n".encode()), tag=tag,
+                        labels={LABEL: "1"}, rm=True, forcerm=True)
+
+
+def test_a_shell_that_reaps_in_the_background_still_leaves_the_status_to_the_kernel(docker_client, trial_cpu):
+    """bash as /bin/sh reaps finished children from its SIGCHLD handler, even while it blocks
+    in ``read``: its keeper holds the command as ``sleep infinity`` instead. The groups are the
+    exec's (the gid alone), even where /etc/group lists the user in others."""
+    tag = "harness/test-bash-sh:latest"
+    _image(docker_client, tag, "ln -sf bash /bin/sh && echo 'extra:x:3000:agent' >> /etc/group")
+    try:
+        for _ in range(5):
+            m, execs = once(docker_client, trial_cpu, ["sh", "-c", "echo hi; id -G; exit 4"], image=tag)
+            assert not execs and (m.result.exit_code, m.result.stdout) == (4, "hi\n10001\n"), m.result
+            m, execs = once(docker_client, trial_cpu, ["true"], image=tag)
+            assert not execs and m.result.exit_code == 0 and m.counters is not None, m.result
+        m, _ = once(docker_client, trial_cpu, ["sh", "-c", "echo \"[$PS4]\""], image=tag, env={"PS4": "custom> "})
+        assert m.result.stdout == "[custom> ]\n"
+        assert tag not in docker_sandbox._NO_LAUNCHER
+    finally:
+        docker_sandbox._NO_LAUNCHER.discard(tag)
+        docker_client.images.remove(tag, force=True)
+
+
+def test_an_env_that_forks_is_never_taken_for_the_keeper(docker_client, trial_cpu):
+    """The launcher's check of ``env`` is a root child of the init; where ``env`` is a wrapper
+    that forks (and dawdles), that child has a child of its own while the keeper is still to
+    come: the controller waits for the keeper proper."""
+    tag = "harness/test-env-wrapper:latest"
+    _image(docker_client, tag, "mv /usr/bin/env /usr/bin/env.real && printf '#!/bin/sh\\ncase \"$*\" in *--version*) sleep 0.2;; esac\\n"
+                               "/usr/bin/env.real \"$@\"\\n' > /usr/bin/env && chmod 755 /usr/bin/env")
+    try:
+        for _ in range(4):
+            m, execs = once(docker_client, trial_cpu, ["sh", "-c", "echo ran; exit 3"], image=tag)
+            assert not execs and (m.result.exit_code, m.result.stdout) == (3, "ran\n"), m.result
+    finally:
+        docker_sandbox._NO_LAUNCHER.discard(tag)
+        docker_client.images.remove(tag, force=True)
+
+
+def test_a_launcher_killed_before_it_held_the_command_never_runs_it_again(docker_client, trial_cpu):
+    """The init's exit code, where it ended before its keeper held the command, decides: its own
+    statuses and a shell's error (below 126) fall back to exec or say the command is not there;
+    a kill (the memory ceiling, 137) may have come after the fork, so nothing runs again."""
+    sb = DockerSandbox(docker_client, SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu))
+    for code, raised in ((99, docker_sandbox._NoLauncher), (2, docker_sandbox._NoLauncher), (98, docker_sandbox._NeverStarted),
+                         (97, docker_sandbox._NeverStarted), (137, docker_sandbox.SandboxError), (126, docker_sandbox.SandboxError),
+                         (None, docker_sandbox.SandboxError)):
+        with pytest.raises(raised) as e:
+            sb._launcher_ended(code)
+        assert type(e.value) is raised
+        if raised is docker_sandbox._NoLauncher:
+            assert e.value.lacks == (code == 99)

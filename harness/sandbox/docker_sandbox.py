@@ -40,6 +40,7 @@ import docker
 import docker.errors
 import requests
 from docker.models.containers import _create_container_args
+from docker.types.daemon import CancellableStream
 
 from harness.core.envelope import check_envelope
 from harness.measure import cgroup
@@ -356,6 +357,10 @@ def data_device(client: Any) -> tuple[str, str] | None:
 # runs it through exec as every other workload (for comparison)
 ONESHOT = os.environ.get("HARNESS_ONESHOT", "1") != "0"
 _NO_LAUNCHER: set[str] = set()  # images (in this process) found without the launcher's tools
+# per engine (its URL), where its containers' cgroups lie, the container id left as {id}: learnt
+# from one located the usual way (the init's /proc/PID/cgroup), so a one-shot start can find its
+# init from the cgroup alone, without asking the engine (an inspect) for its pid
+_CGROUP_LAYOUT: dict[str, cgroup.CgroupPaths] = {}
 
 
 class _NeverStarted(Exception):
@@ -394,6 +399,15 @@ def _at_birth(first: CgroupSnapshot, t: float) -> CgroupSnapshot:
     return first.model_copy(update={**zero, "t": t})
 
 
+def _attach(api: Any, cid: str) -> Any:
+    """``api.attach(cid, stdout=True, stderr=True, stream=True, demux=True)`` without the
+    inspect docker-py makes first to learn whether the container has a tty (~1.6 ms): a
+    workload container never has one. Its output frames, demultiplexed, as (stdout, stderr)."""
+    resp = api._post(api._url("/containers/{0}/attach", cid), headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+                     params={"logs": 0, "stdout": 1, "stderr": 1, "stream": 1}, stream=True)
+    return CancellableStream(api._read_from_socket(resp, True, tty=False, demux=True), resp)
+
+
 class _Once:
     """One command started with its container: what the launcher is given, and what it started."""
 
@@ -411,8 +425,9 @@ class _Once:
         # a HOME as the engine would give an exec under the workload's uid (its passwd entry),
         # unless the image or the caller set one: the container itself starts as root
         set_home = "HOME" not in env and not _image_sets_home(sb.client, sb.image)
-        argv = launcher.argv(sb.user, keeper_user(sb.user).split(":")[0], set_home, env, self.cmd)
-        return dict(entrypoint=argv[:-len(self.cmd)], command=self.cmd, user=ROOT, init=True, cap_add=launcher.CAPS,
+        argv = launcher.argv(sb.user, set_home, env, self.cmd)
+        # stdin open and never written: the keeper blocks reading it (launcher)
+        return dict(entrypoint=argv[:-len(self.cmd)], command=self.cmd, user=ROOT, init=False, stdin_open=True, cap_add=launcher.CAPS,
                     working_dir=sb._workdir(), environment=env or None)
 
     def create_start(self, sb: "DockerSandbox", kw: dict[str, Any]) -> Any:
@@ -422,7 +437,7 @@ class _Once:
         args = _create_container_args({**{k: v for k, v in kw.items() if k != "detach"}, "image": sb.image, "version": api._version})
         c = sb.client.containers.prepare_model({"Id": api.create_container(**args)["Id"]})
         sb.container = c  # a failed attach or start still finds it to remove
-        self.stream = sb.client.api.attach(c.id, stdout=True, stderr=True, stream=True, demux=True)
+        self.stream = _attach(api, c.id)
         self.t0 = time.monotonic()
         self.host0 = hoststats.read_host_snapshot(self.t0)
         c.start()
@@ -598,8 +613,12 @@ class DockerSandbox(Sandbox):
                 self.container = self.client.containers.run(self.image, **kw)
             if self.spec.network and self.spec.egress:
                 self.client.networks.get(self.spec.egress).connect(self.container)
-            self.container.reload()
-            self.pid = int(self.container.attrs["State"]["Pid"])
+            found = self._init_from_cgroup() if once is not None else None
+            if found is None:
+                self.container.reload()
+                self.pid = int(self.container.attrs["State"]["Pid"])
+            else:
+                self.pid, self.paths = found
         except docker.errors.ImageNotFound:
             self.remove()
             raise SandboxError(f"image {self.image} not found; build it with `make images`") from None
@@ -615,7 +634,9 @@ class DockerSandbox(Sandbox):
                 self._launcher_ended(st.get("ExitCode"))
             raise SandboxError(f"container {self.name} did not start (State.Pid is 0): {self.logs_tail()}")
         try:
-            self.paths = cgroup.locate(self.pid)
+            if self.paths is None:
+                self.paths = cgroup.locate(self.pid)
+                self._learn_layout()
             self._reader = cgroup.SnapshotReader(self.paths)
             applied = cgroup.read_limits(self.paths)
         except (OSError, cgroup.CgroupError):
@@ -635,19 +656,49 @@ class DockerSandbox(Sandbox):
             for at, files in self.spec.trees.items():
                 self.put_tree(at, files)
 
+    def _learn_layout(self) -> None:
+        cid = self.container.id
+        fields = {k: v for k, v in self.paths.model_dump().items() if isinstance(v, str) and k != "driver"}
+        if all(cid in v for k, v in fields.items()):
+            _CGROUP_LAYOUT[self.client.api.base_url] = self.paths.model_copy(update={k: v.replace(cid, "{id}") for k, v in fields.items()})
+
+    def _init_from_cgroup(self) -> tuple[int, cgroup.CgroupPaths] | None:
+        """(host pid of the init, its cgroup) of a container just started, read from its cgroup
+        where this engine's layout is known (``_CGROUP_LAYOUT``): the process in it that is pid 1
+        of the container's namespace. None where the layout is unknown or nothing answers to
+        it (the init already ended): the engine is asked instead."""
+        layout = _CGROUP_LAYOUT.get(self.client.api.base_url)
+        if layout is None:
+            return None
+        cid = self.container.id
+        paths = layout.model_copy(update={k: v.replace("{id}", cid) for k, v in layout.model_dump().items()
+                                          if isinstance(v, str) and "{id}" in v})
+        try:
+            procs = Path(paths.memory, "cgroup.procs").read_text().split()
+        except OSError:
+            return None
+        for p in procs:
+            try:
+                nspid = next(ln.split()[1:] for ln in Path(f"/proc/{p}/status").read_text().splitlines() if ln.startswith("NSpid:"))
+            except (OSError, StopIteration):
+                continue
+            # NSpid lists the pid in this namespace and in each below: the container's is the second
+            if len(nspid) >= 2 and nspid[1] == "1":
+                return int(p), paths
+        return None
+
     def _launched(self) -> tuple[int, int]:
         """(keeper, workload) host pids of a one-shot container (``harness.sandbox.launcher``),
-        once the init's child has forked the workload and become the keeper. Raises
+        once the keeper has forked the workload. Raises
         ``_NoLauncher`` when the image lacks the launcher's tools."""
         if self.paths is None and _is_running(self.pid):  # (an init already gone says why below)
             self.remove()
             raise SandboxError(f"container {self.name}: its processes cannot be seen from here (a remote engine?)")
         deadline = time.monotonic() + KEEPER_WAIT_S
         while True:
-            kids = self._children(self.pid)
-            pid = launcher.workload_of(kids[0]) if kids else None
-            if pid is not None:
-                return kids[0], pid
+            found = launcher.launched(self.pid)
+            if found is not None:
+                return found
             init_gone = not _is_running(self.pid)
             if init_gone or time.monotonic() > deadline:
                 got = self._final_state()
@@ -655,17 +706,24 @@ class DockerSandbox(Sandbox):
                 ended = self.how_it_ended(got) or "no word from its engine"
                 self.remove()
                 if init_gone and not st.get("OOMKilled"):
-                    # the init ended before its keeper carried the command's pid: the launcher
-                    # stopped before its fork, or could not run here (the command, if it was
-                    # forked at all, had no keeper and ended with the init within milliseconds)
+                    # the init ended before its keeper held the command: its exit code says
+                    # whether the command can have started (the command, if it was forked at
+                    # all, had no keeper and ended with the init within milliseconds)
                     self._launcher_ended(st.get("ExitCode"))
                 raise SandboxError(f"container {self.name}: its launcher started no command ({ended})")
             time.sleep(0.0005)
 
     def _launcher_ended(self, code: Any) -> None:
+        """The init ended (``code``) before its keeper held the command: the launcher stopped
+        before its fork (its own statuses, or a shell's error, below 126), or was killed (the
+        memory ceiling, at 128 + the signal) at a moment the command may already have been
+        forked: never run again through exec, then."""
         if code in (launcher.NOT_FOUND, launcher.NOT_EXECUTABLE):
             raise _NeverStarted(code)
-        raise _NoLauncher(self.image, code == launcher.NO_LAUNCHER)
+        if isinstance(code, int) and 0 <= code < 126:
+            raise _NoLauncher(self.image, code == launcher.NO_LAUNCHER)
+        raise SandboxError(f"container {self.name}: its launcher ended (exit code {code}) before it held the command, "
+                           "which may have started: not run again")
 
     def _keeper(self) -> int:
         """The pid of the init's one child, ``sleep infinity``, once the init has forked it.
@@ -901,13 +959,7 @@ class DockerSandbox(Sandbox):
         except OSError:
             return []
 
-    @staticmethod
-    def _children(pid: int) -> list[int]:
-        try:
-            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            return [int(k) for k in kids]
-        except OSError:
-            return []
+    _children = staticmethod(launcher.children)
 
     def workload_alive(self) -> bool:
         return any(p not in self._keep_pids and _is_running(p) for p in self._procs())
@@ -1289,6 +1341,10 @@ class DockerSandbox(Sandbox):
             got = self._final_state()
             lost = f"[harness: the command's exit status was lost: {self.how_it_ended(got) or 'the container ended'}]"
             measured.engine_oom = not isinstance(got, str) and bool(got[0].get("OOMKilled"))
+            if not measured.engine_oom and any(_is_running(p) for p in self._keep_pids - {self.pid}):
+                # its keeper lives and yet reaped it (a shell the launcher does not know): this
+                # image's commands run through exec from now on
+                _NO_LAUNCHER.add(self.image)
         self.halt()  # the engine ends the attach stream once the container has exited
         pump.thread.join(timeout=5)
         (out_b, out_cut), (err_b, err_cut), counts, error = pump.close()

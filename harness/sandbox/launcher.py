@@ -1,21 +1,23 @@
 """The one-shot launcher: a sandbox whose only workload is one command starts it with the
 container, without an ``exec`` (~35 ms of engine round trips and a runc exec per attempt).
 
-The container's init is ``docker-init``, as in every workload sandbox; its one child is
-``sh`` as root with only SETUID, SETGID and SETPCAP. That shell forks the command under the
-workload's uid:gid with no capabilities and an empty bounding set (``setpriv``), in a
-session of its own as an exec'd process has (``setsid``), resetting the SIGINT/SIGQUIT that
-the shell's ``&`` ignores (``env --default-signal``), then ``exec``s
-itself into the keeper: ``sleep infinity`` under the keeper uid, all capabilities gone, its
-output on /dev/null. From then on the container is an ``exec`` sandbox's: an init reaping
-orphans and a keeper of another uid than the workload's (it can neither signal nor ptrace
-them). The keeper never reaps a child (it carries the command's pid as an argument), so
-the command stays a zombie once it exits: the controller sees the exit through a pidfd and
-reads its status from the kernel (``/proc/PID/stat``), while the container, and so its
-cgroup and counters, stays up until the controller halts it.
+The container's init is the launcher's ``sh``, as root with only SETUID, SETGID and SETPCAP
+(no ``docker-init``: its bind mount and its exec cost ~3 ms a container). It forks a subshell,
+the keeper, which forks the command under the workload's uid:gid with no capabilities and an
+empty bounding set (``setpriv``), in a session of its own as an exec'd process has
+(``setsid``), resetting the SIGINT/SIGQUIT that the shell's ``&`` ignores (``env
+--default-signal``), then blocks reading the container's stdin, which the engine holds open
+and nobody writes (the command gets /dev/null, as under exec): no exec of its own, and it
+never reaps its child, so the command stays a zombie once it exits. (Under a shell that
+reaps its children in the background, bash and the like, it ``exec``s ``sleep infinity``
+at once instead, as root.) The controller sees the exit through a pidfd and reads its
+status from the kernel (``/proc/PID/stat``), while the container, and so its cgroup and
+counters, stays up until the controller halts it. The init meanwhile ``wait``s for the keeper, reaping every orphan reparented to it on the way, as
+``docker-init`` does under exec. Both are root, the command is not: it can neither signal
+nor ptrace them, and no other root process is ever in the container (NoNewPrivs).
 
 Before its fork the launcher looks the command up as root with shell builtins (its PATH, or
-the path given): a command that is not there, or cannot be executed, is the launcher's exit
+the path given): a command that is not there, or cannot be executed, is the init's exit
 status, which no code of the command's can forge. Nothing the workload writes is parsed: its
 status is the kernel's, its output the engine's attach stream, capped like an exec's."""
 
@@ -39,15 +41,15 @@ NOT_FOUND, NOT_EXECUTABLE = 98, 97
 # fork (never through a PATH the command may write into: those run as root), and the shell's
 # variables are never exported, so the command's environment is the container's, less what
 # the shell itself sets (PWD, and IFS/OPTIND/PPID it resets), which the controller gives back.
-SCRIPT = r"""__hw=$1 __hk=$2 __hh=$3 __hb=$4
-shift 4
+SCRIPT = r"""__hw=$1 __hh=$2 __hb=$3
+shift 3
 for __hd in /usr/bin /bin /usr/sbin /sbin; do
   [ -n "$__hsp" ] || { [ -x "$__hd/setpriv" ] && __hsp=$__hd/setpriv; }
   [ -n "$__hss" ] || { [ -x "$__hd/setsid" ] && __hss=$__hd/setsid; }
   [ -n "$__hsl" ] || { [ -x "$__hd/sleep" ] && __hsl=$__hd/sleep; }
   [ -n "$__hse" ] || { [ -x "$__hd/env" ] && __hse=$__hd/env; }
 done
-[ -n "$__hsp" ] && [ -n "$__hss" ] && [ -n "$__hsl" ] && [ -n "$__hse" ] && "$__hse" --default-signal=INT --version >/dev/null 2>&1 || exit 99
+[ -n "$__hsp" ] && [ -n "$__hss" ] && [ -n "$__hsl" ] && [ -n "$__hse" ] && "$__hse" --default-signal=INT,QUIT -u __hx --version >/dev/null 2>&1 || exit 99
 eval "__hc=\${$((__hb + 1))}"
 case $__hc in
   */*) [ -e "$__hc" ] || exit 98
@@ -60,25 +62,28 @@ case $__hc in
      IFS=$__hi
      [ -n "$__hf" ] || exit 98 ;;
 esac
-__hu=${__hw%%:*} __hg=${__hw#*:} __hgr=--groups=${__hw#*:}
-if [ "$__hh" = 1 ]; then HOME=/; export HOME; fi
-if [ -r /etc/passwd ]; then
-  while IFS=: read -r __hn __hp __hi __hj __hc __hd __hs || [ -n "$__hn" ]; do
-    if [ "$__hi" = "$__hu" ]; then
-      [ "$__hj" = "$__hg" ] && __hgr=--init-groups
-      if [ "$__hh" = 1 ]; then HOME=$__hd; fi
-      break
-    fi
+__hu=${__hw%%:*} __hg=${__hw#*:}
+if [ "$__hh" = 1 ]; then
+  HOME=/
+  [ -r /etc/passwd ] && while IFS=: read -r __hn __hp __hi __hj __hc __hd __hs || [ -n "$__hn" ]; do
+    if [ "$__hi" = "$__hu" ]; then HOME=$__hd; break; fi
   done </etc/passwd
+  export HOME
 fi
-"$__hsp" --reuid="$__hu" --regid="$__hg" $__hgr --inh-caps=-all --bounding-set=-all -- "$__hss" "$__hse" --default-signal=INT,QUIT __UNSET__ -- "$@" &
-exec "$__hsp" --reuid="$__hk" --regid="$__hk" --clear-groups --inh-caps=-all --bounding-set=-all -- "$__hsl" infinity "$!" </dev/null >/dev/null 2>&1
+exec 3<&0
+(
+  "$__hsp" --reuid="$__hu" --regid="$__hg" --groups="$__hg" --inh-caps=-all --bounding-set=-all -- "$__hss" "$__hse" --default-signal=INT,QUIT __UNSET__ -- "$@" 3<&- &
+  [ -n "$BASH_VERSION$ZSH_VERSION$KSH_VERSION$YASH_VERSION$BB_ASH_VERSION" ] || read -r __hx <&3 2>/dev/null
+  exec "$__hsl" infinity 3<&- </dev/null >/dev/null 2>&1
+) &
+exec 3<&-
+wait $!
 """
 CAPS = ["SETUID", "SETGID", "SETPCAP"]
 # what the shell sets or resets, and its own variables: unset for the command, and given back
 # as assignments where the caller set them (an image's own values of these names, and its
 # variables whose names no shell takes, are lost)
-SHELL_SETS = ("PWD", "OLDPWD", "IFS", "OPTIND", "PPID", *sorted(set(re.findall(r"\b__h[a-z]+\b", SCRIPT))))
+SHELL_SETS = ("PWD", "OLDPWD", "IFS", "OPTIND", "PPID", "PS4", *sorted(set(re.findall(r"\b__h[a-z]+\b", SCRIPT))))
 SCRIPT = SCRIPT.replace("__UNSET__", " ".join(f"-u {k}" for k in SHELL_SETS))
 
 
@@ -88,36 +93,46 @@ def eligible(user: str, cmd: list[str]) -> bool:
     return re.fullmatch(r"[1-9]\d*:\d+", user) is not None and bool(cmd) and "=" not in cmd[0]
 
 
-def argv(user: str, keeper_uid: str, set_home: bool, given: dict[str, str], cmd: list[str]) -> list[str]:
+def argv(user: str, set_home: bool, given: dict[str, str], cmd: list[str]) -> list[str]:
     """The entrypoint and its arguments: of ``given`` (the caller's environment), the variables
     the shell sets, resets or drops (a name no shell takes) are put back as ``env`` assignments
     before the command."""
     back = [f"{k}={v}" for k, v in given.items() if k in SHELL_SETS or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
-    return ["/bin/sh", "-c", SCRIPT, "harness-launch", user, keeper_uid, "1" if set_home else "0", str(len(back)), *back, *cmd]
+    return ["/bin/sh", "-c", SCRIPT, "harness-launch", user, "1" if set_home else "0", str(len(back)), *back, *cmd]
 
 
-def workload_of(keeper_pid: int) -> int | None:
-    """The host pid of the launcher's fork once the launcher has become the keeper, or None before.
-    The keeper carries the fork's pid in its own namespace as its last argument (``sleep
-    infinity PID`` sleeps forever all the same): written by the launcher, in a process of
-    another uid than the workload's, so the workload cannot change it; it is matched against
-    the namespace pids of the keeper's children."""
+def launched(init_pid: int) -> tuple[int, int] | None:
+    """(keeper, command) host pids once the launcher has forked the command, or None before.
+    The keeper is a root child of the init that is the init's own fork (the same command
+    line) or, under a shell that reaps in the background, that fork become ``sleep
+    infinity``; its one child is the command. Nothing else qualifies: the init's other root
+    child, its check of ``env`` (a wrapper script's fork included), has another command
+    line, and the command and what it forks are never root (another uid, NoNewPrivs)."""
     try:
-        args = Path(f"/proc/{keeper_pid}/cmdline").read_bytes().split(b"\0")
-        if len(args) < 3 or os.path.basename(args[0]) != b"sleep" or not args[2].isdigit():
-            return None
-        nspid = args[2].decode()
-        kids = Path(f"/proc/{keeper_pid}/task/{keeper_pid}/children").read_text().split()
+        init_args = Path(f"/proc/{init_pid}/cmdline").read_bytes()
     except OSError:
         return None
-    for k in kids:
+    for k in children(init_pid):
         try:
-            for line in Path(f"/proc/{k}/status").read_text().splitlines():
-                if line.startswith("NSpid:") and line.split()[-1] == nspid:
-                    return int(k)
-        except OSError:
+            args = Path(f"/proc/{k}/cmdline").read_bytes()
+            uid = next(ln.split()[1] for ln in Path(f"/proc/{k}/status").read_text().splitlines() if ln.startswith("Uid:"))
+        except (OSError, StopIteration):
             continue
+        argv = args.split(b"\0")
+        if uid != "0" or (args != init_args and not (len(argv) >= 2 and os.path.basename(argv[0]) == b"sleep" and argv[1] == b"infinity")):
+            continue
+        kids = children(k)
+        if kids:
+            return k, kids[0]
     return None
+
+
+def children(pid: int) -> list[int]:
+    """Host pids of the children of process ``pid`` (none where it is gone)."""
+    try:
+        return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def exit_status(pid: int) -> int | None:
