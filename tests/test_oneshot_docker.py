@@ -45,8 +45,8 @@ def once(client, cpu, cmd, p=None, timeout=30.0, env=None, image=SANDBOX_IMAGE):
     return m, any(str(e.get("Action", "")).startswith("exec_create") for e in events)
 
 
-def through_exec(client, cpu, cmd, p=None, timeout=30.0, env=None):
-    sb = DockerSandbox(client, SandboxSpec(image=SANDBOX_IMAGE, profile=p or prof(), cpuset=cpu))
+def through_exec(client, cpu, cmd, p=None, timeout=30.0, env=None, image=SANDBOX_IMAGE):
+    sb = DockerSandbox(client, SandboxSpec(image=image, profile=p or prof(), cpuset=cpu))
     try:
         sb.start()
         return sb.measured_exec(cmd, timeout=timeout, env=env)
@@ -274,6 +274,11 @@ def test_a_shell_that_reaps_in_the_background_still_leaves_the_status_to_the_ker
             assert not execs and m.result.exit_code == 0 and m.counters is not None, m.result
         m, _ = once(docker_client, trial_cpu, ["sh", "-c", "echo \"[$PS4]\""], image=tag, env={"PS4": "custom> "})
         assert m.result.stdout == "[custom> ]\n"
+        # shell options from the environment trace the command alone, and it gets them as given
+        show = ["sh", "-c", "echo hi; echo \"$SHELLOPTS\" | grep -c xtrace"]
+        m, _ = once(docker_client, trial_cpu, show, image=tag, env={"SHELLOPTS": "xtrace"})
+        ref = through_exec(docker_client, trial_cpu, show, image=tag, env={"SHELLOPTS": "xtrace"})
+        assert (m.result.stdout, m.result.stderr) == (ref.result.stdout, ref.result.stderr) and m.result.stdout == "hi\n1\n"
         assert tag not in docker_sandbox._NO_LAUNCHER
     finally:
         docker_sandbox._NO_LAUNCHER.discard(tag)
@@ -301,11 +306,57 @@ def test_a_launcher_killed_before_it_held_the_command_never_runs_it_again(docker
     statuses and a shell's error (below 126) fall back to exec or say the command is not there;
     a kill (the memory ceiling, 137) may have come after the fork, so nothing runs again."""
     sb = DockerSandbox(docker_client, SandboxSpec(image=SANDBOX_IMAGE, profile=prof(), cpuset=trial_cpu))
-    for code, raised in ((99, docker_sandbox._NoLauncher), (2, docker_sandbox._NoLauncher), (98, docker_sandbox._NeverStarted),
-                         (97, docker_sandbox._NeverStarted), (137, docker_sandbox.SandboxError), (126, docker_sandbox.SandboxError),
-                         (None, docker_sandbox.SandboxError)):
+    for code, raised in ((99, docker_sandbox._NoLauncher), (2, docker_sandbox._NoLauncher), (126, docker_sandbox._NoLauncher),
+                         (98, docker_sandbox._NeverStarted), (97, docker_sandbox._NeverStarted), (137, docker_sandbox.SandboxError),
+                         (96, docker_sandbox.SandboxError), (None, docker_sandbox.SandboxError)):
         with pytest.raises(raised) as e:
             sb._launcher_ended(code)
         assert type(e.value) is raised
         if raised is docker_sandbox._NoLauncher:
             assert e.value.lacks == (code == 99)
+    docker_sandbox._NO_LAUNCHER.discard(SANDBOX_IMAGE)  # (96 remembered it)
+
+
+def test_a_keeper_that_ends_by_itself_never_gets_its_command_run_twice(docker_client, trial_cpu):
+    """Under a shell that reaps, the keeper is ``sleep``: one that ends at once (a wrapper
+    exiting 1) leaves the command without a keeper, after its fork: an infra error (never a
+    fallback to exec, which would run it again), and the image runs through exec afterwards."""
+    tag = "harness/test-sleep-ends:latest"
+    _image(docker_client, tag, "ln -sf bash /bin/sh && mv /usr/bin/sleep /usr/bin/sleep.real && printf '#!/bin/dash\\n"
+                               "case \"$1:$(id -u)\" in infinity:0) exit 1;; esac\\nexec /usr/bin/sleep.real \"$@\"\\n' > /usr/bin/sleep "
+                               "&& chmod 755 /usr/bin/sleep")
+    since = int(time.time()) - 1
+    try:
+        for _ in range(3):
+            docker_sandbox._NO_LAUNCHER.discard(tag)
+            r = run_command(DockerBackend(docker_client), tag, prof(), trial_cpu, ["sh", "-c", "echo ran; exit 5"],
+                            labels={"dev.harness.test": "keeper-ends"})
+            assert r.kind == "infra_error" and tag in docker_sandbox._NO_LAUNCHER, (r.kind, r.exec, r.error)
+        events = docker_client.events(since=since, until=int(time.time()) + 1, decode=True, filters={"label": "dev.harness.test=keeper-ends"})
+        assert not [e for e in events if str(e.get("Action", "")).startswith("exec_create")]
+        r = run_command(DockerBackend(docker_client), tag, prof(), trial_cpu, ["sh", "-c", "echo ran; exit 5"])
+        assert (r.exec.exit_code, r.exec.stdout) == (5, "ran\n")  # through exec now
+    finally:
+        docker_sandbox._NO_LAUNCHER.discard(tag)
+        docker_client.images.remove(tag, force=True)
+
+
+def test_a_setpriv_without_the_launchers_options_runs_the_command_through_exec(docker_client, trial_cpu):
+    """The launcher's fork that never left root (its setpriv refused the options) never ran
+    the command: the kernel's uid of that zombie says so, and the command runs through exec."""
+    tag = "harness/test-setpriv-old:latest"
+    _image(docker_client, tag, "printf '#!/bin/sh\\necho \"setpriv: unrecognized option: $1\" >&2; exit 1\\n' > /usr/bin/setpriv "
+                               "&& chmod 755 /usr/bin/setpriv")
+    docker_sandbox._NO_LAUNCHER.discard(tag)
+    try:
+        m, execs = once(docker_client, trial_cpu, ["sh", "-c", "echo ran"], image=tag)
+        assert execs and (m.result.exit_code, m.result.stdout, m.result.stderr) == (0, "ran\n", "") and tag in docker_sandbox._NO_LAUNCHER
+    finally:
+        docker_sandbox._NO_LAUNCHER.discard(tag)
+        docker_client.images.remove(tag, force=True)
+
+
+def test_an_empty_home_is_filled_in_as_under_exec(docker_client, trial_cpu):
+    show = ["sh", "-c", "echo \"[$HOME]\""]
+    m, _ = once(docker_client, trial_cpu, show, env={"HOME": ""})
+    assert m.result.stdout == through_exec(docker_client, trial_cpu, show, env={"HOME": ""}).result.stdout == "[/work]\n"

@@ -91,7 +91,9 @@ def sandbox_exec(
 
     Exit status: the command's own (137 after an OOM kill), 124 on timeout, 127 when the
     command is not in the sandbox and 126 when it cannot be executed there (one line on
-    stderr), 3 when the sandbox could not run (engine error), 2 on a usage error.
+    stderr), 3 when the sandbox could not run (engine error), 2 on a usage error. A command
+    may exit with any of these numbers itself, as under timeout(1): the record's `kind`
+    (`--json`) tells them apart (ok, crashed, timeout, oom_killed, infra_error).
     """
     from harness.engine.command import run_command
     from harness.engine.profiles import load_profile
@@ -204,7 +206,7 @@ def _print_attempt(res: Any) -> None:
     if ex.stderr.strip():
         console.print("[dim]--- stderr (tail)[/]")
         console.print(ex.stderr[-1500:].rstrip(), markup=False, highlight=False)
-    t = Table(title="counters (cgroup, over the command)", show_header=True)
+    t = Table(title="counters (cgroup)", show_header=True)
     t.add_column("counter")
     t.add_column("value", justify="right")
     c, h = res.counters, res.host

@@ -385,7 +385,7 @@ def _image_sets_home(client: Any, image: str) -> bool:
         env = client.api.inspect_image(image)["Config"].get("Env") or []
     except (docker.errors.DockerException, requests.RequestException, KeyError, TypeError):
         return False
-    return any(str(e).startswith("HOME=") for e in env)
+    return any(str(e).startswith("HOME=") and str(e) != "HOME=" for e in env)  # an empty HOME is filled in, as unset
 
 
 def _at_birth(first: CgroupSnapshot, t: float) -> CgroupSnapshot:
@@ -424,6 +424,8 @@ class _Once:
         env = {**(kw.get("environment") or {}), **self.env}
         # a HOME as the engine would give an exec under the workload's uid (its passwd entry),
         # unless the image or the caller set one: the container itself starts as root
+        if env.get("HOME") == "":  # filled in by the engine under exec, as an unset one
+            env.pop("HOME")
         set_home = "HOME" not in env and not _image_sets_home(sb.client, sb.image)
         argv = launcher.argv(sb.user, set_home, env, self.cmd)
         # stdin open and never written: the keeper blocks reading it (launcher)
@@ -624,7 +626,9 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"image {self.image} not found; build it with `make images`") from None
         except (docker.errors.DockerException, requests.RequestException) as e:
             self.remove()
-            if once is not None and once.started is None:  # its launcher never ran (no /bin/sh?): nothing did
+            if once is not None and once.started is None and isinstance(e, docker.errors.APIError):
+                # the engine's own refusal to create or start it (no /bin/sh?): nothing ran (a
+                # lost answer may hide a start that happened: that is no fallback)
                 raise _NoLauncher(self.image, lacks=False) from None
             raise SandboxError(f"engine refused to start a container from {self.image}: {str(e)[:300]}") from None
         if not self.pid:
@@ -710,20 +714,24 @@ class DockerSandbox(Sandbox):
                     # whether the command can have started (the command, if it was forked at
                     # all, had no keeper and ended with the init within milliseconds)
                     self._launcher_ended(st.get("ExitCode"))
+                if not init_gone:  # a launcher the controller cannot follow here: exec from now on
+                    _NO_LAUNCHER.add(self.image)
                 raise SandboxError(f"container {self.name}: its launcher started no command ({ended})")
             time.sleep(0.0005)
 
     def _launcher_ended(self, code: Any) -> None:
-        """The init ended (``code``) before its keeper held the command: the launcher stopped
-        before its fork (its own statuses, or a shell's error, below 126), or was killed (the
-        memory ceiling, at 128 + the signal) at a moment the command may already have been
-        forked: never run again through exec, then."""
+        """The init ended (``code``) before its keeper was seen holding the command: the launcher
+        stopped before its fork (its own statuses, or a shell's error before it), or its keeper
+        ended (``KEEPER_ENDED``) or it was killed (128 + the signal: the memory ceiling) at a
+        moment the command may already have been forked: never run again through exec, then."""
         if code in (launcher.NOT_FOUND, launcher.NOT_EXECUTABLE):
             raise _NeverStarted(code)
-        if isinstance(code, int) and 0 <= code < 126:
+        if isinstance(code, int) and 0 <= code < 128 and code != launcher.KEEPER_ENDED:
             raise _NoLauncher(self.image, code == launcher.NO_LAUNCHER)
-        raise SandboxError(f"container {self.name}: its launcher ended (exit code {code}) before it held the command, "
-                           "which may have started: not run again")
+        if code == launcher.KEEPER_ENDED:
+            _NO_LAUNCHER.add(self.image)  # a keeper that ends by itself: this image's commands run through exec from now on
+        raise SandboxError(f"container {self.name}: its launcher ended (exit code {code}) before it was seen holding the "
+                           "command, which may have started: not run again")
 
     def _keeper(self) -> int:
         """The pid of the init's one child, ``sleep infinity``, once the init has forked it.
@@ -1227,11 +1235,13 @@ class DockerSandbox(Sandbox):
         return mon
 
     def _accounted(self, res: ExecResult, mon: Monitor | None, host0: Any, cg0: CgroupSnapshot | None,
-                   also: list["DockerSandbox"], svc0: list[CgroupSnapshot | None]) -> Measured:
-        """The second readings, right after the command, and what lay between them and the first."""
-        cg1 = self.snapshot()
+                   also: list["DockerSandbox"], svc0: list[CgroupSnapshot | None], read: tuple[Any, Any] | None = None) -> Measured:
+        """The second readings, right after the command (or ``read``: those readings, of the
+        cgroup and the host, already taken), and what lay between them and the first."""
+        cg1, host1 = read if read is not None else (self.snapshot(), None)
         svc1 = [s.snapshot() for s in also]
-        host1 = hoststats.read_host_snapshot(time.monotonic())
+        if host1 is None:
+            host1 = hoststats.read_host_snapshot(time.monotonic())
         counters = host = None
         services: dict[str, CounterDelta | None] = {}
         for s, a, b in zip(also, svc0, svc1):
@@ -1276,7 +1286,15 @@ class DockerSandbox(Sandbox):
                 once = None
         if once is None:
             return self.measured_exec(cmd, timeout, env=env)
-        return self._measure_once(once, timeout)
+        try:
+            return self._measure_once(once, timeout)
+        except _NoLauncher:
+            _NO_LAUNCHER.add(self.image)
+            with self._lock:
+                self._remove()
+                self._renew()
+                self._start()
+            return self.measured_exec(cmd, timeout, env=env)
 
     def _once_serves(self, cmd: list[str]) -> bool:
         return (ONESHOT and not self.service and self.isolated and not self.spec.writable_root and not self.spec.caps
@@ -1330,22 +1348,31 @@ class DockerSandbox(Sandbox):
             if mon:
                 mon.stop()
         status = launcher.exit_status(once.workload)
+        if status is not None and launcher.still_root(once.workload):
+            # the launcher's own fork ended before it dropped to the workload's uid (a setpriv
+            # without these options): the command never ran; it runs through exec instead
+            self.halt()
+            pump.thread.join(timeout=5)
+            pump.close()
+            raise _NoLauncher(self.image)
         exit_code = launcher.exit_code(status) if status is not None else None
         wall = (exited_at or time.monotonic()) - started
-        measured = self._accounted(ExecResult(cmd=once.cmd, exit_code=None, wall_s=0.0), mon, once.host0, cg0, [], [])
+        read = (self.snapshot(), hoststats.read_host_snapshot(time.monotonic()))  # the second readings
         # the keeper holds the command's status until the init ends: where it did not (the
         # memory ceiling took the keeper, a controller without CAP_SYS_RESOURCE cannot spare it),
-        # the status went with it, and the record says so
+        # the status went with it, and the record says so (from the engine's account, read once)
+        got = self._final_state() if status is None else None
+        self.halt()  # the engine ends the attach stream once the container has exited
+        measured = self._accounted(ExecResult(cmd=once.cmd, exit_code=None, wall_s=0.0), mon, once.host0, cg0, [], [], read)
         lost = None
-        if status is None:  # the engine's account, read once
-            got = self._final_state()
+        if got is not None:
             lost = f"[harness: the command's exit status was lost: {self.how_it_ended(got) or 'the container ended'}]"
             measured.engine_oom = not isinstance(got, str) and bool(got[0].get("OOMKilled"))
-            if not measured.engine_oom and any(_is_running(p) for p in self._keep_pids - {self.pid}):
-                # its keeper lives and yet reaped it (a shell the launcher does not know): this
-                # image's commands run through exec from now on
+            if not measured.engine_oom and not (measured.counters and measured.counters.oom_kills):
+                # no memory ceiling took its keeper: a keeper that reaped it or ended by itself (a
+                # shell or a sleep the launcher does not know): this image's commands run through
+                # exec from now on
                 _NO_LAUNCHER.add(self.image)
-        self.halt()  # the engine ends the attach stream once the container has exited
         pump.thread.join(timeout=5)
         (out_b, out_cut), (err_b, err_cut), counts, error = pump.close()
         out, out_tr = _rendered(out_b, out_cut, cap)

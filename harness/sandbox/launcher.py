@@ -37,11 +37,14 @@ NO_LAUNCHER = 99
 # (not in its PATH, no such file) or cannot be executed (a directory, no execute bit): the
 # launcher's word, before any of the command's code has run, so the command cannot forge it
 NOT_FOUND, NOT_EXECUTABLE = 98, 97
+# exits KEEPER_ENDED once its keeper ended, whatever ended it: the command may have started
+KEEPER_ENDED = 96
 # Every tool is found in the image's system directories by the shell's builtins before the
 # fork (never through a PATH the command may write into: those run as root), and the shell's
 # variables are never exported, so the command's environment is the container's, less what
 # the shell itself sets (PWD, and IFS/OPTIND/PPID it resets), which the controller gives back.
-SCRIPT = r"""__hw=$1 __hh=$2 __hb=$3
+SCRIPT = r"""{ set +aefux; } 2>/dev/null
+__hw=$1 __hh=$2 __hb=$3
 shift 3
 for __hd in /usr/bin /bin /usr/sbin /sbin; do
   [ -n "$__hsp" ] || { [ -x "$__hd/setpriv" ] && __hsp=$__hd/setpriv; }
@@ -74,16 +77,18 @@ exec 3<&0
 (
   "$__hsp" --reuid="$__hu" --regid="$__hg" --groups="$__hg" --inh-caps=-all --bounding-set=-all -- "$__hss" "$__hse" --default-signal=INT,QUIT __UNSET__ -- "$@" 3<&- &
   [ -n "$BASH_VERSION$ZSH_VERSION$KSH_VERSION$YASH_VERSION$BB_ASH_VERSION" ] || read -r __hx <&3 2>/dev/null
+  unset LD_PRELOAD LD_LIBRARY_PATH LD_AUDIT
   exec "$__hsl" infinity 3<&- </dev/null >/dev/null 2>&1
 ) &
 exec 3<&-
-wait $!
+wait $! || exit 96
+exit 96
 """
 CAPS = ["SETUID", "SETGID", "SETPCAP"]
 # what the shell sets or resets, and its own variables: unset for the command, and given back
 # as assignments where the caller set them (an image's own values of these names, and its
 # variables whose names no shell takes, are lost)
-SHELL_SETS = ("PWD", "OLDPWD", "IFS", "OPTIND", "PPID", "PS4", *sorted(set(re.findall(r"\b__h[a-z]+\b", SCRIPT))))
+SHELL_SETS = ("PWD", "OLDPWD", "IFS", "OPTIND", "PPID", "PS4", "SHLVL", "_", "SHELLOPTS", "BASHOPTS", *sorted(set(re.findall(r"\b__h[a-z]+\b", SCRIPT))))
 SCRIPT = SCRIPT.replace("__UNSET__", " ".join(f"-u {k}" for k in SHELL_SETS))
 
 
@@ -115,11 +120,10 @@ def launched(init_pid: int) -> tuple[int, int] | None:
     for k in children(init_pid):
         try:
             args = Path(f"/proc/{k}/cmdline").read_bytes()
-            uid = next(ln.split()[1] for ln in Path(f"/proc/{k}/status").read_text().splitlines() if ln.startswith("Uid:"))
-        except (OSError, StopIteration):
+        except OSError:
             continue
         argv = args.split(b"\0")
-        if uid != "0" or (args != init_args and not (len(argv) >= 2 and os.path.basename(argv[0]) == b"sleep" and argv[1] == b"infinity")):
+        if not still_root(k) or (args != init_args and not (len(argv) >= 2 and os.path.basename(argv[0]) == b"sleep" and argv[1] == b"infinity")):
             continue
         kids = children(k)
         if kids:
@@ -146,6 +150,15 @@ def exit_status(pid: int) -> int | None:
     if not fields or fields[0] != "Z":
         return None
     return int(fields[-1])
+
+
+def still_root(pid: int) -> bool:
+    """Whether process ``pid`` (an unreaped one included) has root's real uid: the launcher's
+    fork before it became the workload's uid, which no process of the command's can have."""
+    try:
+        return next(ln.split()[1] for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Uid:")) == "0"
+    except (OSError, StopIteration):
+        return False
 
 
 def exit_code(status: int) -> int:
