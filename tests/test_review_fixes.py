@@ -131,6 +131,28 @@ def test_a_sandbox_that_could_not_be_removed_keeps_its_cores_until_it_is():
     ex.close(timeout=5)
 
 
+def test_work_waiting_for_cores_held_back_by_a_failed_removal_gets_them_once_it_succeeds():
+    """Every core held back by a removal that failed (the engine away) while the next work was
+    already waiting for one: the wait retries the removal, or the run would wait forever (a CI
+    run hung so after an engine restart that outlasted the first retry)."""
+    tries = []
+
+    def removal_fails_thrice_fake() -> bool:  # an engine away for the first three tries
+        tries.append(1)
+        return len(tries) >= 4
+
+    stop = threading.Event()
+    pool = CpuPool(cpus=[0], reserved=[], cross_process=False)
+    ex = LocalExecutor(pool, 1, stop)
+    ex.submit(Work(key="x", cores=1, run=lambda c: ("rec", False, removal_fails_thrice_fake)))
+    assert ex.results(timeout=5).result == "rec"
+    ex.submit(Work(key="y", cores=1, run=lambda c: ("next", True, None)))
+    got = ex.results(timeout=20)
+    assert got.key == "y" and got.result == "next" and len(tries) >= 4 and ex.quarantined == []
+    ex.close(timeout=5)
+    assert pool.in_use() == 0
+
+
 # ---------------------------------------------------------------------------- the sandbox's own threads
 
 

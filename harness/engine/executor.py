@@ -21,6 +21,8 @@ from harness.engine.lanes import Lane, Member
 from harness.engine.scheduler import POLL_S, CpuPool, LeaseCancelled, pin_process
 from harness.model.errors import LeaseTimeout
 
+QUARANTINE_RETRY_S = 1.0  # how often a worker waiting for cores retries the removals that held some back
+
 
 @dataclass(frozen=True)
 class Work:
@@ -252,7 +254,13 @@ class LocalExecutor(Executor):
         """A lane for ``work``: new cores when some are free, else a place behind the attempt
         on a lane of the same size (gated work, depth 2), else wait for either."""
         deadline = None if self._lease_timeout is None else time.monotonic() + self._lease_timeout
+        retried = time.monotonic()
         while True:
+            if self._quarantine and time.monotonic() - retried >= QUARANTINE_RETRY_S:
+                # cores held back by a removal that failed (the engine was away) come back once it
+                # succeeds: retried while waiting, or a run whose every core is held back waits forever
+                retried = time.monotonic()
+                self.retry_quarantined()
             try:
                 cpuset = lease_clean(self.pool, work.cores, 0.0, self._stop, self._clear, self._quarantined)
             except LeaseTimeout:
