@@ -118,7 +118,8 @@ def test_timeout_kills_the_tree_and_leaves_no_container(docker_client, trial_cpu
     elapsed = time.monotonic() - t0
     assert r.exec.timed_out and r.kind == "timeout"
     # the recorded wall time runs to the kill: not before the timeout, and the kill is quick
-    assert 2.0 <= r.exec.wall_s <= 3.0, r.exec.wall_s
+    # (within a second, or a sandbox lifecycle where that is longer: an emulated guest)
+    assert 2.0 <= r.exec.wall_s <= 2.0 + max(1.0, lifecycle), (r.exec.wall_s, lifecycle)
     # and nothing waits after it: the rest is about one sandbox lifecycle (never the 1000 s)
     assert r.exec.wall_s <= elapsed < r.exec.wall_s + 3 * lifecycle + 2, (elapsed, r.exec.wall_s, lifecycle)
     assert not leftovers(docker_client)
