@@ -108,20 +108,26 @@ def test_no_attempt_starts_after_the_run_stops():
     assert pool.in_use() == 0
 
 
+def _one_core_held_back(tries: list[int], fails: int) -> tuple[CpuPool, LocalExecutor]:
+    """An executor over one core whose first attempt's removal fails ``fails`` times (each try
+    appended to ``tries``), then succeeds: the attempt is done, its core held back."""
+
+    def removal_failing_fake() -> bool:
+        tries.append(1)
+        return len(tries) > fails
+
+    pool = CpuPool(cpus=[0], reserved=[], cross_process=False)
+    ex = LocalExecutor(pool, 1, threading.Event())
+    ex.submit(Work(key="x", cores=1, run=lambda c: ("rec", False, removal_failing_fake)))
+    assert ex.results(timeout=5).result == "rec"
+    return pool, ex
+
+
 def test_a_sandbox_that_could_not_be_removed_keeps_its_cores_until_it_is():
     """Failed removals used to be forgotten (and the core handed to the next attempt while
     the container might still run). Now the cores stay leased and the removal is retried."""
-    tries = []
-
-    def removal_fails_twice_fake() -> bool:  # an engine that refuses twice, then removes it
-        tries.append(1)
-        return len(tries) >= 3
-
-    stop = threading.Event()
-    pool = CpuPool(cpus=[0], reserved=[], cross_process=False)
-    ex = LocalExecutor(pool, 1, stop)
-    ex.submit(Work(key="x", cores=1, run=lambda c: ("rec", False, removal_fails_twice_fake)))
-    assert ex.results(timeout=5).result == "rec"
+    tries: list[int] = []
+    pool, ex = _one_core_held_back(tries, fails=2)  # an engine that refuses twice, then removes it
     assert pool.in_use() == 1 and ex.quarantined == [[0]]
     for _ in range(2):
         ex.retry_quarantined()
@@ -135,17 +141,8 @@ def test_work_waiting_for_cores_held_back_by_a_failed_removal_gets_them_once_it_
     """Every core held back by a removal that failed (the engine away) while the next work was
     already waiting for one: the wait retries the removal, or the run would wait forever (a CI
     run hung so after an engine restart that outlasted the first retry)."""
-    tries = []
-
-    def removal_fails_thrice_fake() -> bool:  # an engine away for the first three tries
-        tries.append(1)
-        return len(tries) >= 4
-
-    stop = threading.Event()
-    pool = CpuPool(cpus=[0], reserved=[], cross_process=False)
-    ex = LocalExecutor(pool, 1, stop)
-    ex.submit(Work(key="x", cores=1, run=lambda c: ("rec", False, removal_fails_thrice_fake)))
-    assert ex.results(timeout=5).result == "rec"
+    tries: list[int] = []
+    pool, ex = _one_core_held_back(tries, fails=3)  # an engine away for the first three tries
     ex.submit(Work(key="y", cores=1, run=lambda c: ("next", True, None)))
     got = ex.results(timeout=20)
     assert got.key == "y" and got.result == "next" and len(tries) >= 4 and ex.quarantined == []
