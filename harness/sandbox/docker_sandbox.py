@@ -682,12 +682,9 @@ class DockerSandbox(Sandbox):
         except OSError:
             return None
         for p in procs:
-            try:
-                nspid = next(ln.split()[1:] for ln in Path(f"/proc/{p}/status").read_text().splitlines() if ln.startswith("NSpid:"))
-            except (OSError, StopIteration):
-                continue
             # NSpid lists the pid in this namespace and in each below: the container's is the second
-            if len(nspid) >= 2 and nspid[1] == "1":
+            nspid = launcher.status_field(int(p), "NSpid:")
+            if nspid is not None and len(nspid) >= 2 and nspid[1] == "1":
                 return int(p), paths
         return None
 
@@ -1268,6 +1265,7 @@ class DockerSandbox(Sandbox):
         if not self._once_serves(cmd):
             return super().run_once(cmd, timeout, env)
         once = _Once(cmd, env)
+        fallback: _NoLauncher | None = None
         with self._lock:
             if self._removed:
                 raise SandboxError(f"sandbox {self.name} was removed before it started")
@@ -1279,22 +1277,24 @@ class DockerSandbox(Sandbox):
                                  stderr=why + "\n", stderr_bytes=len(why.encode()) + 1, start_error=why)
                 return Measured(result=res, counters=None, host=None, samples=[])
             except _NoLauncher as e:  # the command never ran: it runs through exec instead
-                if e.lacks:
-                    _NO_LAUNCHER.add(self.image)
-                self._renew()
-                self._start()
-                once = None
-        if once is None:
-            return self.measured_exec(cmd, timeout, env=env)
+                fallback = e
+        if fallback is not None:  # (outside the lock: a removal may come while the command runs)
+            return self._through_exec(cmd, timeout, env, fallback.lacks)
         try:
             return self._measure_once(once, timeout)
-        except _NoLauncher:
+        except _NoLauncher as e:  # its launcher's fork ended still root: the command never ran
+            return self._through_exec(cmd, timeout, env, e.lacks)
+
+    def _through_exec(self, cmd: list[str], timeout: float, env: dict[str, str] | None, lacks: bool) -> Measured:
+        """The command, which never ran, through exec in a new container (``lacks``: this image
+        is remembered to lack the launcher)."""
+        if lacks:
             _NO_LAUNCHER.add(self.image)
-            with self._lock:
-                self._remove()
-                self._renew()
-                self._start()
-            return self.measured_exec(cmd, timeout, env=env)
+        with self._lock:
+            self._remove()  # (a no-op where the failed start already removed it)
+            self._renew()
+            self._start()
+        return self.measured_exec(cmd, timeout, env=env)
 
     def _once_serves(self, cmd: list[str]) -> bool:
         return (ONESHOT and not self.service and self.isolated and not self.spec.writable_root and not self.spec.caps

@@ -152,13 +152,20 @@ def exit_status(pid: int) -> int | None:
     return int(fields[-1])
 
 
+def status_field(pid: int, key: str) -> list[str] | None:
+    """The values of one line of /proc/PID/status (``key`` as ``"Uid:"``), None where the process
+    is gone or has no such line."""
+    try:
+        return next(ln.split()[1:] for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith(key))
+    except (OSError, StopIteration):
+        return None
+
+
 def still_root(pid: int) -> bool:
     """Whether process ``pid`` (an unreaped one included) has root's real uid: the launcher's
     fork before it became the workload's uid, which no process of the command's can have."""
-    try:
-        return next(ln.split()[1] for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Uid:")) == "0"
-    except (OSError, StopIteration):
-        return False
+    uid = status_field(pid, "Uid:")
+    return uid is not None and uid[0] == "0"
 
 
 def exit_code(status: int) -> int:
